@@ -1,0 +1,30 @@
+# Two commands: `make run` (the quickstart flow on the embedded default) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-slow install clean
+
+$(STAMP): pyproject.toml setup.cfg
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: the CPU build of 2.13.0 (anything else pulls a CUDA build)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/rollart run flows/quickstart.yaml --out runs/quickstart
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+	@if [ -n "$$CI" ]; then timeout 1500 $(BIN)/python -m pytest -q -m slow || exit $$?; fi
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) runs

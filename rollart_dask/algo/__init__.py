@@ -1,0 +1,1 @@
+"""Algorithms: advantage estimators and losses as small registered functions. No Dask."""

@@ -1,0 +1,61 @@
+"""Programmatic entry point: run a flow (embedded cluster or an existing scheduler)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+from .config import FlowConfig
+from .observe import console
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ROLLART_CACHE", Path.home() / ".cache" / "rollart-dask"))
+
+
+def prepare_model(cfg: FlowConfig) -> Path:
+    if cfg.model.kind == "path":
+        path = Path(cfg.model.path)  # type: ignore[arg-type]
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model.path {path} is not a Hugging Face model directory (no config.json)")
+        return path
+    from .models.tiny import build_tiny_model
+
+    m = cfg.model
+    return build_tiny_model(cache_dir() / "models", m.hidden_size, m.layers, m.heads, m.intermediate_size, m.seed)
+
+
+def write_effective(cfg: FlowConfig, out: Path, extra: dict) -> None:
+    data = cfg.model_dump(mode="json")
+    data["_effective"] = extra
+    (out / "flow.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> dict:
+    from .cluster import connect
+    from .loop import Run
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    model_dir = prepare_model(cfg)
+    client, cluster = await connect(cfg.cluster)
+    try:
+        console.print(f"dashboard: {client.dashboard_link}")
+        run = Run(cfg, client, out, model_dir, resume=resume)
+        await run.setup()
+        write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": cfg.engine.backend, "engines": run.layout,
+                                   "scheduler": client.scheduler.address, "emulated": False})
+        result = await run.run(on_step=on_step)
+        result["wall_s"] = time.monotonic() - t0
+        return result
+    finally:
+        await client.close()
+        if cluster is not None:
+            await cluster.close()
+
+
+def run_sync(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> dict:
+    return asyncio.run(run_flow(cfg, out, resume=resume, on_step=on_step))

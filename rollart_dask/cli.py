@@ -1,0 +1,112 @@
+"""`rollart` command line: run flows, bring up the local pools."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .config import FlowError, load_flow
+
+
+@click.group()
+def main():
+    """rollart-dask: agentic RL with disaggregated, trajectory-level asynchronous rollout on Dask."""
+    # Dask's INFO chatter (workers starting/closing) drowns the run's output; workers inherit this.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    logging.basicConfig(level=logging.WARNING)
+
+
+@main.command()
+@click.argument("flow", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, e.g. --set rollout.alpha=2")
+@click.option("--scheduler", default=None, metavar="ADDR", help="attach to an existing Dask scheduler (tcp://host:8786)")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="output directory (default runs/<flow>-<time>)")
+@click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --out")
+def run(flow, overrides, scheduler, out, resume):
+    """Run FLOW (a YAML flow file) and train."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .api import run_sync
+    from .observe import console, summary_table
+
+    try:
+        cfg = load_flow(flow, list(overrides))
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    if scheduler:
+        cfg.cluster.scheduler = scheduler
+    if resume and not out:
+        raise click.ClickException("--resume needs --out DIR (the run to continue)")
+    out_dir = Path(out or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    r = cfg.rollout
+    console.print(f"[bold]{cfg.name}[/bold]: mode={r.mode} level={r.level} alpha={r.alpha} G={r.group_size} r={r.redundancy} "
+                  f"batch={r.batch_groups} groups, engine={cfg.engine.backend}, out={out_dir}")
+    progress = Progress(TextColumn("[bold]train[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                        console=console, disable=not cfg.observe.progress)
+    bar = progress.add_task("", total=cfg.trainer.steps)
+
+    def on_step(run_):
+        ev = run_.history[-1]
+        desc = " ".join(f"{k}={v['success']:.2f}" for k, v in ev["eval"].items())
+        progress.update(bar, completed=run_.published, description=f"held-out@v{ev['version']}: {desc}")
+        if not sys.stderr.isatty():
+            console.print(f"v{run_.published} held-out@v{ev['version']}: {desc}")
+
+    try:
+        with progress:
+            result = run_sync(cfg, out_dir, resume=resume, on_step=on_step)
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    first, last = result["first"], result["last"]
+    rows = []
+    for task in first["eval"]:
+        a, b = first["eval"][task]["success"], last["eval"][task]["success"]
+        rows.append((f"held-out {task} success", f"{a:.3f} (v{first['version']}) → {b:.3f} (v{last['version']})  Δ {b - a:+.3f}"))
+    rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", result["checkpoint"])]
+    rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
+    console.print(summary_table(f"{cfg.name} — summary", rows))
+    (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+@main.group()
+def cluster():
+    """The embedded local cluster."""
+
+
+@cluster.command("up")
+@click.argument("flow", required=False, type=click.Path(dir_okay=False))
+def cluster_up(flow):
+    """Start the local heterogeneous pools (from FLOW's cluster section) and wait; Ctrl-C stops them."""
+    from .cluster import connect
+    from .config import ClusterConfig
+    from .pools import PoolMap
+
+    cfg = load_flow(flow).cluster if flow else ClusterConfig()
+
+    async def up():
+        client, cl = await connect(cfg)
+        info = await client.scheduler.identity()
+        click.echo(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}")
+        click.echo("workers: " + PoolMap.from_scheduler_info(info).describe())
+        try:
+            while True:
+                await asyncio.sleep(3600)
+        finally:
+            await client.close()
+            if cl:
+                await cl.close()
+
+    try:
+        asyncio.run(up())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""Flow schema: YAML → typed, validated config. Unknown keys and bad values are errors naming the key.
+
+No Dask here. Every knob has its default in this file, with a help string.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+POOLS = ("H800", "H20", "CPU", "SERVERLESS", "TRAIN")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class WorkerSpec(Strict):
+    name: str = Field(description="worker name in the embedded cluster")
+    pools: list[Literal["H800", "H20", "CPU", "SERVERLESS", "TRAIN"]] = Field(description="pool tags (Dask resources)")
+    nthreads: int = Field(1, ge=1, description="Dask task threads")
+    torch_threads: int = Field(1, ge=1, description="OMP/torch threads inside the worker process")
+
+
+def _default_workers() -> list[WorkerSpec]:
+    return [
+        WorkerSpec(name="train-0", pools=["H800", "TRAIN"], nthreads=2, torch_threads=2),
+        WorkerSpec(name="h800-0", pools=["H800"], nthreads=2),
+        WorkerSpec(name="h20-0", pools=["H20"], nthreads=2),
+        WorkerSpec(name="cpu-0", pools=["CPU"], nthreads=2),
+        WorkerSpec(name="serverless-0", pools=["SERVERLESS"], nthreads=2),
+    ]
+
+
+class ClusterConfig(Strict):
+    scheduler: str | None = Field(None, description="tcp://host:port of an existing scheduler; None = embedded cluster")
+    workers: list[WorkerSpec] = Field(default_factory=_default_workers, description="embedded cluster workers")
+    dashboard_address: str = Field(":0", description="embedded dashboard address (':0' = any free port)")
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        names = [w.name for w in self.workers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"worker names must be unique, got {names}")
+        return self
+
+
+class ModelConfig(Strict):
+    kind: Literal["tiny", "path"] = Field("tiny", description="tiny: a small Qwen2 built locally; path: an HF model directory")
+    path: str | None = Field(None, description="HF model directory when kind=path")
+    hidden_size: int = Field(128, ge=8)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(512, ge=8)
+    seed: int = Field(0, description="init seed of the tiny model")
+
+    @model_validator(mode="after")
+    def _path(self):
+        if self.kind == "path" and not self.path:
+            raise ValueError("model.path is required when model.kind=path")
+        if self.hidden_size % self.heads:
+            raise ValueError(f"model.hidden_size ({self.hidden_size}) must be divisible by model.heads ({self.heads})")
+        return self
+
+
+class EngineConfig(Strict):
+    backend: Literal["torch"] = Field("torch", description="inference engine backend (vLLM and emulated: see README)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
+    constrained: bool = Field(True, description="restrict decoding to the env's action choices")
+    max_batch: int = Field(1024, ge=1, description="most requests one engine decodes together")
+
+
+class TaskConfig(Strict):
+    name: str
+    env: str = Field(description="registered env name or 'module:attr'")
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    reward: str = Field(description="registered reward name or 'module:attr'")
+    affinity: Literal["prefill", "decode", "auto"] = Field("auto", description="prefill → H800 pool, decode → H20 pool")
+    weight: float = Field(1.0, gt=0, description="sampling weight among tasks")
+    max_turns: int = Field(8, ge=1)
+    max_tokens: int = Field(16, ge=1, description="token budget per turn")
+
+
+class RolloutConfig(Strict):
+    mode: Literal["sync", "one_off", "rollart"] = "rollart"
+    level: Literal["trajectory", "batch"] | None = Field(None, description="default: batch for sync/one_off, trajectory for rollart")
+    alpha: int | None = Field(None, ge=0, description="staleness bound; default: 0 sync, 1 one_off, 1 rollart")
+    group_size: int = Field(8, ge=1, description="GRPO group size G")
+    redundancy: int = Field(0, ge=0, description="extra trajectories launched per group (keep the first G)")
+    batch_groups: int = Field(16, ge=1, description="groups per training batch")
+    coalesce: bool = Field(True, description="one future per service per event-loop tick (False: one per call)")
+    generate_timeout_s: float = Field(120, gt=0)
+    env_timeout_s: float = Field(60, gt=0)
+    reward_timeout_s: float = Field(60, gt=0)
+    retries: int = Field(2, ge=0, description="retry budget per env/reward call")
+    max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
+
+    @model_validator(mode="after")
+    def _mode_rules(self):
+        defaults = {"sync": ("batch", 0), "one_off": ("batch", 1), "rollart": ("trajectory", 1)}
+        level, alpha = defaults[self.mode]
+        if self.level is None:
+            object.__setattr__(self, "level", level)
+        if self.alpha is None:
+            object.__setattr__(self, "alpha", alpha)
+        if self.mode == "sync" and (self.alpha != 0 or self.level != "batch"):
+            raise ValueError(f"rollout.mode=sync requires rollout.alpha=0 and rollout.level=batch (got alpha={self.alpha}, level={self.level})")
+        if self.mode == "one_off" and (self.alpha != 1 or self.level != "batch"):
+            raise ValueError(f"rollout.mode=one_off requires rollout.alpha=1 and rollout.level=batch (got alpha={self.alpha}, level={self.level})")
+        return self
+
+
+class TrainerConfig(Strict):
+    backend: Literal["torch"] = "torch"
+    steps: int = Field(200, ge=1, description="training steps (published versions)")
+    max_minutes: float | None = Field(None, gt=0, description="stop training after this wall time (final eval still runs)")
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip ε")
+    entropy_coef: float = Field(0.05, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
+    warm_start_steps: int = Field(0, ge=0, description="SFT steps on solver demos before RL (reported separately)")
+
+
+class WeightsConfig(Strict):
+    store: Literal["dask"] = Field("dask", description="dask: weights stay on the trainer worker, engines pull peer-to-peer")
+
+
+class EvalConfig(Strict):
+    every: int = Field(10, ge=0, description="steps between held-out evaluations (0 = only first and last)")
+    seeds: int = Field(200, ge=1, description="held-out seeds per task")
+    start_seed: int = Field(1_000_000, description="held-out seeds are start_seed .. start_seed+seeds-1; training seeds lie below")
+
+
+class ObserveConfig(Strict):
+    watchdog_s: float = Field(120, gt=0, description="report a step that makes no progress for this long")
+    progress: bool = Field(True, description="show a progress bar")
+    tensorboard: bool = True
+
+
+class FlowConfig(Strict):
+    name: str = "flow"
+    seed: int = 0
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    tasks: list[TaskConfig]
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    observe: ObserveConfig = Field(default_factory=ObserveConfig)
+
+    @model_validator(mode="after")
+    def _tasks(self):
+        if not self.tasks:
+            raise ValueError("tasks: at least one task is required")
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tasks: names must be unique, got {names}")
+        return self
+
+
+class FlowError(ValueError):
+    """A flow file or override that does not validate; the message names the key."""
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(flow)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+            allowed = _allowed_keys(e["loc"][:-1])
+            if allowed:
+                msg += f" (allowed: {', '.join(allowed)})"
+        elif e["type"] == "literal_error":
+            msg = f"bad value {e.get('input')!r}: {e['msg'].lower()}"
+        lines.append(f"  {key}: {msg}")
+    return "invalid flow:\n" + "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = FlowConfig
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        inner = getattr(ann, "__args__", None)
+        model = next((a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _parse_value(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=c` overrides (values parsed as YAML; list items addressed by index or task name)."""
+    for item in overrides:
+        if "=" not in item:
+            raise FlowError(f"--set {item!r}: expected key=value, e.g. rollout.alpha=2")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node: Any = data
+        for i, part in enumerate(parts[:-1]):
+            node = _child(node, part, key, create=True)
+        last = parts[-1]
+        if isinstance(node, list):
+            node[_index(node, last, key)] = _parse_value(value)
+        else:
+            node[last] = _parse_value(value)
+    return data
+
+
+def _index(node: list, part: str, key: str) -> int:
+    if part.isdigit() and int(part) < len(node):
+        return int(part)
+    for i, item in enumerate(node):
+        if isinstance(item, dict) and item.get("name") == part:
+            return i
+    raise FlowError(f"--set {key}: no list item {part!r} (use an index or a task/worker name)")
+
+
+def _child(node: Any, part: str, key: str, create: bool) -> Any:
+    if isinstance(node, list):
+        return node[_index(node, part, key)]
+    if not isinstance(node, dict):
+        raise FlowError(f"--set {key}: {part!r} is not a section")
+    if part not in node or node[part] is None:
+        node[part] = {}
+    return node[part]
+
+
+def load_flow(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> FlowConfig:
+    """Load a flow from YAML (or a dict), apply overrides, validate."""
+    if data is None:
+        p = Path(path)  # type: ignore[arg-type]
+        if not p.exists():
+            raise FlowError(f"flow file not found: {p}")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise FlowError(f"{p}: a flow is a YAML mapping at top level")
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        return FlowConfig.model_validate(data)
+    except ValidationError as err:
+        raise FlowError(_format_errors(err)) from None
+
+
+def task_pool(task: TaskConfig) -> str | None:
+    """The engine pool a task's generation goes to (None = any engine pool)."""
+    return {"prefill": "H800", "decode": "H20", "auto": None}[task.affinity]

@@ -1,0 +1,147 @@
+"""EnvManager: one coroutine per trajectory — reset → [generate → step]* → reward — with its
+own timeouts and retry budget. Envs are placed on the least-loaded env worker and every
+step goes where the env lives; a lost env worker fails the trajectory with WorkerLost so the
+buffer relaunches it elsewhere (counted)."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from .config import EngineConfig, RolloutConfig, TaskConfig, task_pool
+from .dispatch import CallFailed, Dispatcher, WorkerLost
+from .proxy import LLMProxy
+from .services import plugins
+from .types import Trajectory, Turn
+
+
+class TurnBarrier:
+    """Batch-level env interaction: every live trajectory of a wave waits for the others before
+    each generate (the veRL-style baseline). A finished trajectory leaves the barrier."""
+
+    def __init__(self, parties: int):
+        self.parties, self.arrived = parties, 0
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        event = self._event
+        if self.arrived >= self.parties:
+            self._release()
+        else:
+            await event.wait()
+
+    def leave(self) -> None:
+        self.parties -= 1
+        if self.parties > 0 and self.arrived >= self.parties:
+            self._release()
+
+    def _release(self) -> None:
+        self.arrived = 0
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
+class EnvManager:
+    def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig):
+        self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
+        self.env_workers = list(env_workers)
+        self.envs_on: Counter = Counter({a: 0 for a in env_workers})
+        self.stage: dict[str, str] = {}  # trajectory id → stage it is in (for the watchdog)
+        self.where: dict[str, str] = {}  # trajectory id → env worker
+        self.counts: Counter = Counter()
+
+    def worker_lost(self, address: str) -> None:
+        if address in self.env_workers:
+            self.env_workers.remove(address)
+            self.envs_on.pop(address, None)
+
+    def worker_joined(self, address: str) -> None:
+        if address not in self.env_workers:
+            self.env_workers.append(address)
+            self.envs_on[address] = 0
+
+    def _place(self) -> str:
+        if not self.env_workers:
+            raise WorkerLost("no env worker left in pool CPU")
+        return min(self.env_workers, key=lambda a: self.envs_on[a])
+
+    async def _env(self, stage: str, fn, item: dict, worker: str, retries: int):
+        for attempt in range(retries + 1):
+            if worker not in self.env_workers:
+                raise WorkerLost(f"env worker {worker} left the cluster")
+            try:
+                return await self.d.call(stage, fn, item, pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
+            except (CallFailed, TimeoutError):
+                self.counts[f"{stage}_errors"] += 1
+                if attempt == retries:
+                    raise
+
+    async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, greedy: bool = False, on_start=None) -> Trajectory:
+        """Play one trajectory to its end and score it. Raises on failure; the caller counts it."""
+        tid = traj.id
+        worker = self._place()
+        self.envs_on[worker] += 1
+        self.where[tid] = worker
+        in_barrier = barrier is not None
+        try:
+            self.stage[tid] = "env-reset"
+            reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed}
+            obs, info = await self._env("env-reset", plugins.env_reset_batch, reset, worker, self.rollout.retries)
+            choices = info.get("action_choices") if self.engine.constrained else None
+            final_info: dict = {}
+            for turn in range(task.max_turns):
+                if in_barrier:
+                    self.stage[tid] = "barrier"
+                    await barrier.wait()
+                self.stage[tid] = "generate"
+                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, task.max_tokens, 0.0 if greedy else self.engine.temperature)
+                if traj.version is None:
+                    traj.version = c.version
+                    if on_start is not None:
+                        on_start(tid, c.version)
+                self.stage[tid] = "env-step"
+                last = turn == task.max_turns - 1
+                # env.step is not idempotent: no retry (a failed step fails the trajectory)
+                nobs, r, term, trunc, final_info = await self._env("env-step", plugins.env_step_batch, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
+                traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
+                                       allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r))
+                obs = nobs
+                if term or trunc:
+                    break
+            if in_barrier:
+                barrier.leave()
+                in_barrier = False
+            traj.info = dict(final_info, truncated=not (final_info.get("success") or term))
+            self.stage[tid] = "reward"
+            score = await self._reward(task, traj)
+            traj.reward = float(score["score"])
+            traj.info["reward"] = score
+            return traj
+        except BaseException:
+            if tid in self.where and worker in self.env_workers:
+                asyncio.ensure_future(self._close(tid, worker))
+            raise
+        finally:
+            if in_barrier:
+                barrier.leave()
+            self.stage.pop(tid, None)
+            self.where.pop(tid, None)
+            if worker in self.envs_on:
+                self.envs_on[worker] -= 1
+            self.proxy.forget(tid)
+
+    async def _reward(self, task: TaskConfig, traj: Trajectory) -> dict:
+        item = {"reward": task.reward, "trajectory": traj.for_reward()}
+        for attempt in range(self.rollout.retries + 1):
+            try:
+                return await self.d.call("reward", plugins.reward_batch, item, pool="SERVERLESS", timeout=self.rollout.reward_timeout_s)
+            except (CallFailed, TimeoutError):
+                self.counts["reward_errors"] += 1
+                if attempt == self.rollout.retries:
+                    raise
+
+    async def _close(self, tid: str, worker: str) -> None:
+        try:
+            await self.d.call("env-close", plugins.env_close_batch, {"traj_id": tid}, pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
+        except Exception:
+            pass  # best effort: the env host also drops envs when a worker restarts

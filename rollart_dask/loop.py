@@ -1,0 +1,389 @@
+"""The run: launcher (admission under the staleness bound), trajectories, and the step loop
+running RollArt's protocol — Get Batch → Suspend → Update weights → Resume → Recompute KV →
+Train — with rollout going on while the trainer trains.
+
+Modes share this code: ``sync`` (batch level, α=0: no overlap), ``one_off`` (batch level,
+α=1) and ``rollart`` (trajectory level, any α). Admission: a group may start only while
+groups admitted < (engine version + α + 1) × batch_groups, so nothing is started that the
+staleness bound would certainly throw away; α=0 additionally waits for each training step
+and its weight update before rollout goes on.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from .algo.advantages import ADVANTAGES
+from .buffer import Group, Orders, SampleBuffer
+from .config import FlowConfig, TaskConfig, task_pool
+from .dispatch import Dispatcher, WorkerLost
+from .envmanager import EnvManager, TurnBarrier
+from .observe import MetricsWriter, console
+from .pools import ENGINE_POOLS, PoolMap
+from .proxy import LLMProxy, TrajectoryCancelled
+from .services import plugins
+from .types import Trajectory
+
+log = logging.getLogger("rollart_dask")
+
+
+def needed_pools(cfg: FlowConfig) -> dict[str, str]:
+    need = {"TRAIN": "trainer", "CPU": "env hosts", "SERVERLESS": "reward runner"}
+    for t in cfg.tasks:
+        pool = task_pool(t)
+        if pool:
+            need[pool] = f"engine for task {t.name} (affinity {t.affinity})"
+    return need
+
+
+def engine_pools(cfg: FlowConfig, poolmap: PoolMap) -> list[str]:
+    pools = {task_pool(t) for t in cfg.tasks}
+    if None in pools:  # affinity auto: every engine pool that has workers
+        pools.discard(None)
+        pools |= {p for p in ENGINE_POOLS if poolmap.engine_workers(p)}
+    return sorted(pools)
+
+
+class Run:
+    def __init__(self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool = False):
+        self.cfg, self.client, self.out, self.model_dir, self.resume = cfg, client, out_dir, model_dir, resume
+        r = cfg.rollout
+        self.B, self.G, self.alpha = r.batch_groups, r.group_size, r.alpha
+        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch)
+        self.d = Dispatcher(client, coalesce=r.coalesce)
+        self.tasks = {t.name: t for t in cfg.tasks}
+        self.rng = random.Random(cfg.seed)
+        self.members: dict[str, asyncio.Task] = {}
+        self.published = 0  # policy version: published optimizer updates
+        self.counts: Counter = Counter()
+        self.metrics = MetricsWriter(out_dir, cfg.observe.tensorboard)
+        self.history: list[dict] = []  # eval results
+        self._wake_launcher = asyncio.Event()
+        self._wake_batch = asyncio.Event()
+        self._stopping = False
+        self._wave: list[str] = []
+        self._last_progress = time.monotonic()
+        self._weights = None  # dask future of the latest published weights (lives on the trainer)
+        self._bg: list[asyncio.Task] = []
+        self.phase_s: Counter = Counter()
+
+    # -- set-up: resource plane + data plane ---------------------------------------------------
+    async def setup(self) -> None:
+        info = await self.client.scheduler.identity()
+        self.poolmap = PoolMap.from_scheduler_info(info)
+        self.poolmap.validate(needed_pools(self.cfg))
+        self.trainer = self.poolmap.members("TRAIN")[0]
+        pools = engine_pools(self.cfg, self.poolmap)
+        engines = {p: self.poolmap.engine_workers(p) for p in pools}
+        tr = self.cfg.trainer
+        md = str(self.model_dir)
+        await self.client.register_plugin(plugins.EnvHostPlugin(["CPU"]), name=plugins.ENVHOST)
+        await self.client.register_plugin(plugins.RewardPlugin(["SERVERLESS"]), name=plugins.REWARD)
+        await self.client.register_plugin(plugins.EnginePlugin(pools, exclude=["TRAIN"], model_dir=md, seed=self.cfg.seed, max_batch=self.cfg.engine.max_batch), name=plugins.ENGINE)
+        await self.client.register_plugin(
+            plugins.TrainerPlugin(["TRAIN"], model_dir=md, lr=tr.lr, weight_decay=tr.weight_decay, clip=tr.clip, entropy_coef=tr.entropy_coef,
+                                  max_grad_norm=tr.max_grad_norm, temperature=self.cfg.engine.temperature, seed=self.cfg.seed),
+            name=plugins.TRAINER)
+        self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s)
+        self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine)
+        self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
+        if self.resume:
+            await self._restore()
+
+    async def _restore(self) -> None:
+        latest = self.out / "checkpoints" / "latest"
+        if not latest.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint under {latest.parent}")
+        path = latest.read_text().strip()
+        fut = await self.d.submit_one("restore", plugins.trainer_restore, path, pool="TRAIN", worker=self.trainer)
+        self.published = await fut
+        self._weights = await self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        await self._sync_weights()
+        console.print(f"resumed from {path} at version {self.published}")
+
+    # -- launching trajectories ----------------------------------------------------------------
+    def _limit(self) -> int:
+        return (self.proxy.version + self.alpha + 1) * self.B
+
+    def _open_group(self, barrier: TurnBarrier | None) -> str:
+        names = list(self.tasks)
+        task = self.rng.choices(names, weights=[self.tasks[n].weight for n in names])[0]
+        gid = f"g{self.buffer.opened}-{uuid.uuid4().hex[:6]}"
+        seed = self.rng.randrange(0, self.cfg.eval.start_seed)
+        self._carry_out(self.buffer.open_group(gid, task, seed), barrier)
+        return gid
+
+    async def _launcher(self) -> None:
+        level = self.cfg.rollout.level
+        while not self._stopping:
+            if level == "trajectory":
+                while self.buffer.admitted < self._limit() and not self._stopping:
+                    self._open_group(None)
+            elif self._wave_done() and self.buffer.admitted + self.B <= self._limit():
+                barrier = TurnBarrier(self.B * (self.G + self.cfg.rollout.redundancy))
+                self._wave = [self._open_group(barrier) for _ in range(self.B)]
+            self._wake_launcher.clear()
+            await self._wake_launcher.wait()
+
+    def _wave_done(self) -> bool:
+        return all(g not in self.buffer.groups or not self.buffer.groups[g].running() for g in self._wave)
+
+    def _carry_out(self, orders: Orders, barrier: TurnBarrier | None = None) -> None:
+        for gid, tid in orders.launch:
+            g = self.buffer.groups[gid]
+            traj = Trajectory(id=tid, group_id=gid, task=g.task, seed=g.seed)
+            self.members[tid] = asyncio.ensure_future(self._member(traj, self.tasks[g.task], barrier))
+        if orders.cancel:
+            asyncio.ensure_future(self.proxy.cancel(orders.cancel))
+            for tid in orders.cancel:
+                task = self.members.get(tid)
+                if task is not None:
+                    task.cancel()
+
+    async def _member(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None) -> None:
+        orders = Orders()
+        try:
+            await self.em.run(traj, task, barrier, on_start=self.buffer.started)
+            orders = self.buffer.finished(traj)
+            self.counts["turns"] += len(traj.turns)
+        except (TrajectoryCancelled, asyncio.CancelledError):
+            return  # the buffer ordered it and counted it
+        except WorkerLost:
+            orders = self.buffer.failed(traj.id, "env_worker_lost")
+        except Exception as e:
+            reason = f"failed_{type(e).__name__}"
+            if self.counts[reason] < 3:
+                console.print(f"[yellow]trajectory {traj.id} ({traj.task}) failed: {e}[/yellow]")
+            self.counts[reason] += 1
+            orders = self.buffer.failed(traj.id, "failed")
+        finally:
+            self.members.pop(traj.id, None)
+            self._last_progress = time.monotonic()
+            self._wake_batch.set()
+            self._wake_launcher.set()
+        self._carry_out(orders)
+
+    # -- the protocol ---------------------------------------------------------------------------
+    async def _get_batch(self) -> list[Group]:
+        while True:
+            self._carry_out(self.buffer.enforce_staleness(self.published))
+            groups = self.buffer.take(self.B)
+            if groups is not None:
+                return groups
+            self._wake_batch.clear()
+            await self._wake_batch.wait()
+
+    async def _sync_weights(self) -> dict:
+        """Suspend → Update weights → Resume → Recompute KV, when a newer version is published."""
+        if self.published <= self.proxy.version:
+            return {}
+        t = {}
+        t0 = time.perf_counter()
+        await self.proxy.suspend()
+        t["suspend_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await self.proxy.update_weights(self.published, self._weights)
+        t["update_s"] = time.perf_counter() - t0
+        self.proxy.resume()
+        t0 = time.perf_counter()
+        await self.proxy.reset_prefix_cache()  # aborted turns re-prefill under the new weights
+        t["recompute_kv_s"] = time.perf_counter() - t0
+        self._carry_out(self.buffer.enforce_staleness(self.published))
+        self._wake_launcher.set()
+        return t
+
+    def _samples(self, groups: list[Group]) -> tuple[list[dict], dict]:
+        adv_fn = ADVANTAGES["grpo"]
+        samples, rewards, varied, success = [], [], 0, []
+        for g in groups:
+            rs = [t.reward for t in g.kept]
+            advs = adv_fn(rs)
+            varied += int(any(a != 0 for a in advs))
+            rewards += rs
+            for traj, a in zip(g.kept, advs):
+                success.append(float(bool(traj.info.get("reward", {}).get("success", traj.reward > 0))))
+                for turn in traj.turns:
+                    samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
+                                    "allowed_ids": turn.allowed_ids, "advantage": a})
+        stats = {"reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
+                 "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards)}
+        return samples, stats
+
+    async def _train(self, groups: list[Group], row: dict):
+        samples, stats = self._samples(groups)
+        stats.update(row)
+        stale = Counter(self.buffer.staleness(self.published, groups))
+        stats["staleness"] = {str(k): v for k, v in sorted(stale.items())}
+        fut = await self.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=self.trainer)
+        return fut, stats
+
+    async def _finish_train(self, pending) -> dict:
+        fut, stats = pending
+        t0 = time.perf_counter()
+        metrics = await asyncio.wait_for(fut, 600)
+        stats["wait_train_s"] = time.perf_counter() - t0
+        self.published = int(metrics["version"])
+        self._weights = await self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        self._last_progress = time.monotonic()
+        return {**stats, **{k: v for k, v in metrics.items() if k != "version"}}
+
+    # -- evaluation -----------------------------------------------------------------------------
+    async def evaluate(self) -> dict:
+        """Greedy on the fixed held-out seeds of every task, at the engines' current version."""
+        version = self.proxy.version
+        out = {}
+        for task in self.cfg.tasks:
+            seeds = range(self.cfg.eval.start_seed, self.cfg.eval.start_seed + self.cfg.eval.seeds)
+            trajs = [Trajectory(id=f"eval-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
+            results = await asyncio.gather(*(self.em.run(t, task, greedy=True) for t in trajs), return_exceptions=True)
+            ok = [r for r in results if isinstance(r, Trajectory)]
+            succ = [float(bool(t.info.get("reward", {}).get("success", (t.reward or 0) > 0))) for t in ok]
+            out[task.name] = {"success": sum(succ) / len(trajs), "failed_calls": len(trajs) - len(ok)}
+        row = {"kind": "eval", "step": version, "version": version, "eval": out}
+        self.history.append(row)
+        self.metrics.write(row)
+        return out
+
+    # -- background: watchdog and worker monitor -------------------------------------------------
+    async def _watchdog(self) -> None:
+        """Report a run that makes no progress: what is in flight, where, and every coroutine's stack."""
+        limit = self.cfg.observe.watchdog_s
+        while not self._stopping:
+            await asyncio.sleep(min(5.0, limit / 4))
+            idle = time.monotonic() - self._last_progress
+            if idle <= limit:
+                continue
+            stages = Counter(self.em.stage.values())
+            where = Counter(self.poolmap.name(a) for a in self.em.where.values())
+            msg = (f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(stages)}, envs by worker {dict(where)}, "
+                   f"suspended={self.proxy.suspended}, engines v{self.proxy.version}, policy v{self.published}, "
+                   f"buffer ready {self.buffer.ready()}/{self.B}, open calls {self.d.open_calls()}")
+            console.print(f"[red]{msg}[/red]")
+            with (self.out / "watchdog.txt").open("a") as f:
+                f.write(msg + "\n")
+                for task in asyncio.all_tasks():
+                    f.write(f"--- {task.get_name()}\n")
+                    task.print_stack(limit=8, file=f)
+            self.counts["watchdog_alerts"] += 1
+            self._last_progress = time.monotonic()
+
+    async def _monitor(self) -> None:
+        known = set(self.poolmap.workers)
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            try:
+                info = await self.client.scheduler.identity()
+            except Exception:
+                continue
+            current = PoolMap.from_scheduler_info(info)
+            now = set(current.workers)
+            for addr in known - now:
+                lost = self.d.worker_lost(addr)
+                self.em.worker_lost(addr)
+                self.counts["workers_lost"] += 1
+                console.print(f"[yellow]worker {self.poolmap.name(addr)} left the cluster ({lost} calls failed over)[/yellow]")
+                if addr == self.trainer or addr in self.proxy.pool_of:
+                    self._fatal = RuntimeError(f"worker {self.poolmap.name(addr)} holding the trainer or an engine was lost; restart the run with --resume")
+                    self._wake_batch.set()
+            for addr in now - known:
+                self.poolmap.workers[addr] = current.workers[addr]
+                if "CPU" in current.workers[addr]["resources"]:
+                    self.em.worker_joined(addr)
+            known = now
+
+    # -- the whole run --------------------------------------------------------------------------
+    async def pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
+        stats = await self.client.run(plugins.service_stats)
+        busy: Counter = Counter()
+        for addr, s in stats.items():
+            for service, st in s.items():
+                key = (addr, service)
+                delta = st["busy_s"] - (prev or {}).get(key, 0.0)
+                pool = {plugins.ENVHOST: "CPU", plugins.REWARD: "SERVERLESS"}.get(service) or self.proxy.pool_of.get(addr, "?")
+                busy[pool] += delta
+        flat = {(a, sv): st["busy_s"] for a, s in stats.items() for sv, st in s.items()}
+        sizes = Counter({p: len(self.poolmap.members(p)) for p in busy})
+        return flat, {p: round(v / max(dt, 1e-9) / max(sizes[p], 1), 4) for p, v in busy.items()}
+
+    async def run(self, on_step=None) -> dict:
+        """Run the flow to its end; returns first/last held-out evaluations and the counts."""
+        cfg = self.cfg
+        self._fatal = None
+        t_start = time.monotonic()
+        self._bg = [asyncio.ensure_future(c) for c in (self._launcher(), self._watchdog(), self._monitor())]
+        try:
+            await self.evaluate()
+            if on_step:
+                on_step(self)
+            pending = None
+            prev_busy, _ = await self.pool_busy(None, 1.0)
+            t_prev = time.monotonic()
+            steps_done = 0
+            while steps_done < cfg.trainer.steps:
+                t0 = time.perf_counter()
+                groups = await self._get_batch()  # 1. Get Batch
+                if self._fatal:
+                    raise self._fatal
+                row: dict = {"get_batch_s": time.perf_counter() - t0}
+                if pending is not None:
+                    self._emit(await self._finish_train(pending))  # the previous Train publishes its version
+                row.update(await self._sync_weights())  # 2-5. Suspend -> Update -> Resume -> Recompute KV
+                now = time.monotonic()
+                prev_busy, busy = await self.pool_busy(prev_busy, now - t_prev)
+                tokens = sum(len(t.response_ids) for g in groups for tr in g.kept for t in tr.turns)
+                row.update(pool_busy=busy, tokens_per_s=tokens / max(now - t_prev, 1e-9), elapsed_s=now - t_start,
+                           buffer=dict(self.buffer.counts), futures=self.d.futures, calls=self.d.calls, reissued=self.proxy.reissued,
+                           stage_latency=self.d.drain_stats())
+                t_prev = now
+                pending = await self._train(groups, row)  # 6. Train (rollout goes on meanwhile)
+                steps_done += 1
+                if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
+                    self._emit(await self._finish_train(pending))
+                    pending = None
+                    await self._sync_weights()
+                if cfg.eval.every and self.proxy.version % cfg.eval.every == 0 and self.proxy.version > self.history[-1]["version"]:
+                    await self.evaluate()
+                if on_step:
+                    on_step(self)
+                if cfg.trainer.max_minutes and (time.monotonic() - t_start) > cfg.trainer.max_minutes * 60:
+                    console.print(f"time limit of {cfg.trainer.max_minutes} min reached after {steps_done} steps")
+                    break
+            if pending is not None:
+                self._emit(await self._finish_train(pending))
+                await self._sync_weights()
+            if self.history[-1]["version"] != self.proxy.version:
+                await self.evaluate()
+            if on_step:
+                on_step(self)
+            ckpt = await self.checkpoint()
+            return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - t_start,
+                    "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published}
+        finally:
+            await self.stop()
+
+    def _emit(self, row: dict) -> None:
+        row = {"kind": "step", "step": self.published, "version": self.published, **row}
+        self.metrics.write(row)
+
+    async def checkpoint(self) -> str:
+        path = self.out / "checkpoints" / f"step-{self.published}"
+        fut = await self.d.submit_one("checkpoint", plugins.trainer_checkpoint, str(path.resolve()), pool="TRAIN", worker=self.trainer)
+        saved = await fut
+        (self.out / "checkpoints" / "latest").write_text(saved)
+        return saved
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake_launcher.set()
+        for t in self._bg:
+            t.cancel()
+        members = list(self.members.values())
+        for t in members:
+            t.cancel()
+        await asyncio.gather(*self._bg, *members, return_exceptions=True)
+        self.metrics.close()

@@ -1,0 +1,114 @@
+"""LLMProxy: routes generation by affinity and load, sticky per trajectory; suspend/resume;
+cooperative abort (Dask cannot stop a running task, so the engine's own abort is used)."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter, defaultdict
+
+from .dispatch import Dispatcher
+from .pools import ENGINE_POOLS
+from .services import plugins
+from .types import Completion
+
+
+class TrajectoryCancelled(Exception):
+    """The trajectory was aborted (stale, redundant, or its group dropped)."""
+
+
+class LLMProxy:
+    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120):
+        self.d = dispatcher
+        self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → engine worker addresses
+        self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}
+        self.timeout_s = timeout_s
+        self.load: Counter = Counter()
+        self.sticky: dict[str, str] = {}
+        self.version = 0  # the engines' policy version
+        self.cancelled: set[str] = set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._inflight: dict[str, tuple[str, str]] = {}  # request id → (engine, trajectory id)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.requests = 0
+        self.reissued = 0
+
+    @property
+    def suspended(self) -> bool:
+        return not self._open.is_set()
+
+    def _pick(self, traj_id: str, pool: str | None) -> str:
+        addr = self.sticky.get(traj_id)
+        if addr in self.pool_of:
+            return addr
+        pools = [pool] if pool else list(ENGINE_POOLS)
+        candidates = [a for p in pools for a in self.engines.get(p, [])]
+        if not candidates:
+            raise RuntimeError(f"no engine for pool {pool or 'any'}; engines: {self.engines}")
+        addr = min(candidates, key=lambda a: self.load[a])
+        self.sticky[traj_id] = addr
+        return addr
+
+    async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float) -> Completion:
+        while True:
+            await self._open.wait()
+            if traj_id in self.cancelled:
+                raise TrajectoryCancelled(traj_id)
+            addr = self._pick(traj_id, pool)
+            rid = f"{traj_id}#{uuid.uuid4().hex[:8]}"
+            item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens, "temperature": temperature}
+            self._inflight[rid] = (addr, traj_id)
+            self._idle.clear()
+            self.load[addr] += 1
+            self.requests += 1
+            try:
+                c: Completion = await self.d.call("generate", plugins.generate_batch, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s)
+            except TimeoutError:
+                await self._abort({rid: addr})
+                raise
+            finally:
+                self._inflight.pop(rid, None)
+                self.load[addr] -= 1
+                if not self._inflight:
+                    self._idle.set()
+            if c.finish_reason != "abort":
+                return c
+            if traj_id in self.cancelled:
+                raise TrajectoryCancelled(traj_id)
+            self.reissued += 1  # aborted by Suspend: re-issued after Resume, re-prefilled under the new weights
+
+    def forget(self, traj_id: str) -> None:
+        self.sticky.pop(traj_id, None)
+        self.cancelled.discard(traj_id)
+
+    async def cancel(self, traj_ids: list[str]) -> None:
+        ids = set(traj_ids)
+        self.cancelled |= ids
+        await self._abort({rid: addr for rid, (addr, t) in self._inflight.items() if t in ids})
+
+    async def _abort(self, rids: dict[str, str]) -> None:
+        by_engine = defaultdict(list)
+        for rid, addr in rids.items():
+            by_engine[addr].append(rid)
+        futs = [await self.d.submit_one("abort", plugins.engine_abort, ids, pool=self.pool_of[a], worker=a) for a, ids in by_engine.items()]
+        if futs:
+            await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+
+    # -- the protocol's Suspend / Update / Resume / Recompute KV ---------------------------------
+    async def suspend(self) -> None:
+        self._open.clear()
+        await self._abort({rid: addr for rid, (addr, _) in self._inflight.items()})
+        await asyncio.wait_for(self._idle.wait(), self.timeout_s)
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def update_weights(self, version: int, weights_future) -> None:
+        futs = [await self.d.submit_one("update-weights", plugins.engine_update, version, weights_future, pool=p, worker=a) for a, p in self.pool_of.items()]
+        await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+        self.version = version
+
+    async def reset_prefix_cache(self) -> None:
+        futs = [await self.d.submit_one("reset-prefix-cache", plugins.engine_reset_prefix_cache, pool=p, worker=a) for a, p in self.pool_of.items()]
+        await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)

@@ -1,0 +1,39 @@
+"""Name → factory registries for envs and rewards.
+
+Built-ins are 'module:attr' strings imported lazily (workers import them, the client need not).
+Any 'module:attr' string works as a name too, so a flow can point at user code that workers
+can import; `register()` adds names in the current process.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+ENVS: dict[str, Any] = {"frozenlake": "envs.frozenlake:FrozenLakeText"}
+REWARDS: dict[str, Any] = {"frozenlake": "rewards.frozenlake:reward"}
+
+
+def register_env(name: str, factory: Callable | str) -> None:
+    ENVS[name] = factory
+
+
+def register_reward(name: str, fn: Callable | str) -> None:
+    REWARDS[name] = fn
+
+
+def _resolve(kind: str, table: dict[str, Any], name: str) -> Any:
+    target = table.get(name, name if ":" in name else None)
+    if target is None:
+        raise KeyError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table))} (or give 'module:attr')")
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        target = getattr(importlib.import_module(module), attr)
+    return target
+
+
+def make_env(name: str, **kwargs) -> Any:
+    return _resolve("env", ENVS, name)(**kwargs)
+
+
+def get_reward(name: str) -> Callable[[dict], Any]:
+    return _resolve("reward", REWARDS, name)

@@ -1,0 +1,174 @@
+"""Torch inference engine: batched generation with a KV cache on a transformers causal LM.
+
+Contract: ``generate(requests) -> completions`` (token ids, per-token log-probs, finish
+reason, policy version), ``abort(ids)``, ``update_weights(version, weights)``,
+``reset_prefix_cache()``. Requests that arrive together are decoded as one batch
+(left-padded, one forward per token for the whole batch). Constrained decoding restricts
+each step to the token ids that continue one of the request's ``choices``.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import torch
+
+from ..types import Completion
+
+
+class _ChoiceTrie:
+    """Token-id prefix trie over a request's allowed completions."""
+
+    def __init__(self, choices_ids: list[list[int]]):
+        self.root: dict = {}
+        for ids in choices_ids:
+            node = self.root
+            for t in ids:
+                node = node.setdefault(t, {})
+            node[None] = {}  # end marker
+
+    @staticmethod
+    def allowed(node: dict) -> list[int]:
+        return [t for t in node if t is not None]
+
+
+class TorchEngine:
+    def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024):
+        from transformers import AutoModelForCausalLM
+
+        from ..models.tiny import load_tokenizer
+
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.version = 0
+        self.max_batch = max_batch
+        self.generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()  # one batch or one weight swap at a time
+        self._aborted: set[str] = set()
+        self._prefix_cache: dict = {}  # prompts are short here; kept for the contract
+        self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0}
+
+    # -- contract ---------------------------------------------------------------------------
+    def abort(self, request_ids: list[str]) -> int:
+        self._aborted.update(request_ids)
+        return len(request_ids)
+
+    def reset_prefix_cache(self) -> int:
+        n = len(self._prefix_cache)
+        self._prefix_cache.clear()
+        return n
+
+    def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
+            if real_missing or unexpected:
+                raise ValueError(f"weights do not fit the engine model: missing={real_missing[:5]} unexpected={unexpected[:5]}")
+            self.version = version
+            self._prefix_cache.clear()
+        return version
+
+    def generate(self, requests: list[dict]) -> list[Completion]:
+        out: list[Completion] = []
+        for i in range(0, len(requests), self.max_batch):
+            out += self._generate_batch(requests[i : i + self.max_batch])
+        return out
+
+    # -- batched decoding -------------------------------------------------------------------
+    def _encode(self, req: dict) -> list[int]:
+        if req.get("prompt_ids") is not None:
+            return list(req["prompt_ids"])
+        return list(self._template(req["prompt"]))
+
+    @functools.lru_cache(maxsize=65536)
+    def _template(self, prompt: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=False, return_dict=False))
+
+    @functools.lru_cache(maxsize=1024)
+    def _trie(self, choices: tuple[str, ...]) -> _ChoiceTrie:
+        return _ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices])
+
+    @torch.no_grad()
+    def _generate_batch(self, reqs: list[dict]) -> list[Completion]:
+        """Decode a batch together. Identical prompts (a GRPO group's first turn, revisited
+        states) are prefilled once and their KV cache fanned out to every request."""
+        with self._lock:
+            t0 = time.perf_counter()
+            version, n = self.version, len(reqs)
+            eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+            prompts = [self._encode(r) for r in reqs]
+            unique: dict[tuple, int] = {}
+            row = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts])
+            uprompts = [list(p) for p in unique]
+            width = max(len(p) for p in uprompts)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in uprompts])
+            attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in uprompts])
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            tries = [self._trie(tuple(r["choices"])) if r.get("choices") else None for r in reqs]
+            nodes = [t.root if t else None for t in tries]
+            limits = [int(r.get("max_tokens", 16)) for r in reqs]
+            temps = torch.tensor([float(r.get("temperature", 1.0)) for r in reqs])
+            greedy = temps <= 0
+            tokens: list[list[int]] = [[] for _ in range(n)]
+            logps: list[list[float]] = [[] for _ in range(n)]
+            allowed_log = [[] if t else None for t in tries]
+            finish: list[str | None] = [None] * n
+            res = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)  # prefill, unique prompts
+            cache = res.cache if getattr(res, "cache", None) is not None else res.past_key_values
+            logits = res.logits[:, -1, :].float()[row]
+            attn, pos = attn[row], pos[row][:, -1:]
+            expanded = False
+            for step in range(max(limits)):
+                for i, r in enumerate(reqs):
+                    if finish[i] is None and r["id"] in self._aborted:
+                        finish[i] = "abort"
+                live = [i for i in range(n) if finish[i] is None]
+                if not live:
+                    break
+                if step > 0:
+                    if not expanded:  # fan the shared prefill out to one cache row per request
+                        cache.reorder_cache(row)
+                        expanded = True
+                    attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype)], dim=-1)
+                    pos = pos + 1
+                    res = self.model(input_ids=next_tok.unsqueeze(-1), attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+                    logits = res.logits[:, -1, :].float()
+                mask = torch.zeros_like(logits, dtype=torch.bool)
+                for i in live:
+                    if tries[i] is not None:
+                        mask[i, _ChoiceTrie.allowed(nodes[i])] = True
+                    else:
+                        mask[i] = True
+                scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
+                logp = torch.log_softmax(scaled.masked_fill(~mask, float("-inf")), -1)
+                safe = torch.where(mask.any(-1, keepdim=True), logp.exp(), torch.ones_like(logp))
+                sampled = torch.multinomial(safe, 1, generator=self.generator).squeeze(-1)
+                next_tok = torch.where(greedy, logp.argmax(-1), sampled)
+                for i in live:
+                    tok = int(next_tok[i])
+                    tokens[i].append(tok)
+                    logps[i].append(float(logp[i, tok]))
+                    if tries[i] is not None:
+                        allowed_log[i].append(_ChoiceTrie.allowed(nodes[i]))
+                        nodes[i] = nodes[i][tok]
+                        if None in nodes[i] and not _ChoiceTrie.allowed(nodes[i]):
+                            finish[i] = "stop"
+                    elif tok == eos:
+                        finish[i] = "stop"
+                    if finish[i] is None and len(tokens[i]) >= limits[i]:
+                        finish[i] = "length"
+            for r in reqs:
+                self._aborted.discard(r["id"])
+            done = []
+            for i, r in enumerate(reqs):
+                ok = finish[i] != "abort"
+                done.append(Completion(
+                    request_id=r["id"], prompt_ids=prompts[i], token_ids=tokens[i] if ok else [], logprobs=logps[i] if ok else [],
+                    allowed_ids=allowed_log[i] if ok else None, text=self.tokenizer.decode(tokens[i], skip_special_tokens=True) if ok else "",
+                    finish_reason=finish[i] or "length", version=version))
+            self.stats["tokens"] += sum(len(c.token_ids) for c in done)
+            self.stats["requests"] += n
+            self.stats["prefill_rows_saved"] = self.stats.get("prefill_rows_saved", 0) + n - len(uprompts)
+            self.stats["busy_s"] += time.perf_counter() - t0
+            return done

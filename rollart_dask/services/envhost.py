@@ -1,0 +1,45 @@
+"""Env host: many env instances in one worker, keyed by trajectory id.
+
+env.step runs where its env lives: the control plane routes every call of a trajectory
+to the worker that reset it. An env is closed when its episode ends.
+"""
+from __future__ import annotations
+
+import time
+
+from ..registry import make_env
+
+
+class EnvHost:
+    def __init__(self):
+        self.envs: dict[str, object] = {}
+        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0}
+
+    def reset(self, item: dict) -> tuple[str, dict]:
+        t0 = time.perf_counter()
+        self.close(item["traj_id"])
+        env = make_env(item["env"], **item.get("env_args", {}))
+        obs, info = env.reset(seed=item["seed"])
+        self.envs[item["traj_id"]] = env
+        info = dict(info)
+        info["action_choices"] = list(getattr(env, "action_choices", None) or [])
+        self.stats["resets"] += 1
+        self.stats["busy_s"] += time.perf_counter() - t0
+        return obs, info
+
+    def step(self, item: dict) -> tuple[str, float, bool, bool, dict]:
+        t0 = time.perf_counter()
+        env = self.envs.get(item["traj_id"])
+        if env is None:
+            raise KeyError(f"no env for trajectory {item['traj_id']} on this worker (lost with a restart?)")
+        obs, reward, terminated, truncated, info = env.step(item["action"])
+        if terminated or truncated or item.get("last"):
+            self.close(item["traj_id"])
+        self.stats["steps"] += 1
+        self.stats["busy_s"] += time.perf_counter() - t0
+        return obs, float(reward), bool(terminated), bool(truncated), dict(info)
+
+    def close(self, traj_id: str) -> None:
+        env = self.envs.pop(traj_id, None)
+        if env is not None:
+            env.close()

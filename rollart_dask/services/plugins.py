@@ -1,0 +1,178 @@
+"""WorkerPlugins that hold the services, and the thin task functions that reach them.
+
+A plugin is registered on every worker and builds its service only where the worker's pool
+tags say it belongs, so a restarted (or newly joined) worker gets its service back.
+Batch task functions take a list of items and answer per item ("ok", value) or
+("err", message): one bad item never fails its neighbours.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import traceback
+
+from distributed import WorkerPlugin, get_worker
+
+log = logging.getLogger("rollart_dask")
+
+ENGINE, ENVHOST, REWARD, TRAINER = "rollart-engine", "rollart-envhost", "rollart-reward", "rollart-trainer"
+
+
+def _set_torch_threads():
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+class ServicePlugin(WorkerPlugin):
+    """Builds one service in the workers whose resources match ``pools`` (and none of ``exclude``)."""
+
+    kind = ""
+
+    def __init__(self, pools: list[str], exclude: list[str] | None = None, **spec):
+        self.pools, self.exclude, self.spec = list(pools), list(exclude or []), spec
+        self.service = None
+        self.error: str | None = None
+
+    def applies(self, worker) -> bool:
+        res = worker.state.total_resources
+        return any(p in res for p in self.pools) and not any(p in res for p in self.exclude)
+
+    async def setup(self, worker):
+        if not self.applies(worker):
+            return
+        try:  # heavy imports and model loads off the event loop (see PLATFORM.md)
+            self.service = await asyncio.to_thread(self.build)
+        except Exception:
+            self.error = traceback.format_exc()
+            log.error("rollart %s failed to start on %s:\n%s", self.kind, worker.name, self.error)
+            raise
+
+    def teardown(self, worker):
+        self.service = None
+
+    def build(self):
+        raise NotImplementedError
+
+
+class EnginePlugin(ServicePlugin):
+    kind = "engine"
+    name = ENGINE
+
+    def build(self):
+        _set_torch_threads()
+        from .engine_torch import TorchEngine
+
+        return TorchEngine(self.spec["model_dir"], seed=self.spec.get("seed", 0), max_batch=self.spec.get("max_batch", 1024))
+
+
+class EnvHostPlugin(ServicePlugin):
+    kind = "envhost"
+    name = ENVHOST
+
+    def build(self):
+        from .envhost import EnvHost
+
+        return EnvHost()
+
+
+class RewardPlugin(ServicePlugin):
+    kind = "reward"
+    name = REWARD
+
+    def build(self):
+        from .reward_runner import RewardRunner
+
+        return RewardRunner()
+
+
+class TrainerPlugin(ServicePlugin):
+    kind = "trainer"
+    name = TRAINER
+
+    def build(self):
+        _set_torch_threads()
+        from .trainer import TorchTrainer
+
+        return TorchTrainer(**self.spec)
+
+
+def service(name: str, worker=None):
+    worker = worker or get_worker()
+    plugin = worker.plugins.get(name)
+    if plugin is None or plugin.service is None:
+        raise RuntimeError(f"no {name} service on worker {worker.name} (resources {dict(worker.state.total_resources)})")
+    return plugin.service
+
+
+def _per_item(fn, items: list) -> list:
+    out = []
+    for item in items:
+        try:
+            out.append(("ok", fn(item)))
+        except Exception as e:  # reported per item; the control plane decides retry/fail
+            out.append(("err", f"{type(e).__name__}: {e}"))
+    return out
+
+
+# -- thin tasks ----------------------------------------------------------------------------
+def generate_batch(items: list[dict]) -> list:
+    try:
+        return [("ok", c) for c in service(ENGINE).generate(items)]
+    except Exception as e:
+        return [("err", f"{type(e).__name__}: {e}")] * len(items)
+
+
+def env_reset_batch(items: list[dict]) -> list:
+    return _per_item(service(ENVHOST).reset, items)
+
+
+def env_step_batch(items: list[dict]) -> list:
+    return _per_item(service(ENVHOST).step, items)
+
+
+def reward_batch(items: list[dict]) -> list:
+    return _per_item(service(REWARD).score, items)
+
+
+async def engine_abort(request_ids: list[str]) -> int:
+    return service(ENGINE).abort(request_ids)  # on the event loop: never waits for a free thread
+
+
+def engine_update(version: int, weights: dict) -> int:
+    return service(ENGINE).update_weights(version, weights)
+
+
+def engine_reset_prefix_cache() -> int:
+    return service(ENGINE).reset_prefix_cache()
+
+
+def trainer_step(samples: list[dict]) -> dict:
+    return service(TRAINER).train_step(samples)
+
+
+def trainer_weights(_after=None) -> dict:
+    return service(TRAINER).state_dict()
+
+
+def trainer_checkpoint(path: str, _after=None) -> str:
+    return service(TRAINER).save_checkpoint(path)
+
+
+def trainer_restore(path: str) -> int:
+    return service(TRAINER).restore(path)
+
+
+def service_stats(dask_worker=None) -> dict:
+    """Per-service counters of this worker (called through client.run)."""
+    out = {}
+    for name in (ENGINE, ENVHOST, REWARD):
+        plugin = dask_worker.plugins.get(name)
+        if plugin is not None and plugin.service is not None:
+            out[name] = dict(plugin.service.stats)
+    return out
+
+
+def env_close_batch(items: list[dict]) -> list:
+    return _per_item(lambda item: service(ENVHOST).close(item["traj_id"]), items)

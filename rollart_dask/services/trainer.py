@@ -1,0 +1,105 @@
+"""Torch GRPO trainer: the long-lived learner living in its own worker (TRAIN pool).
+
+``train_step(samples) -> metrics`` runs one optimizer update on a batch of per-turn samples
+(prompt ids, response ids, behaviour log-probs, allowed ids, advantage) and increments the
+policy version; ``state_dict()`` is what engines pull; checkpoints are Hugging Face
+directories (safetensors + config + tokenizer) plus the optimizer state.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..algo.losses import masked_logprobs_and_entropy, ppo_clip_loss
+
+
+class TorchTrainer:
+    def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
+                 max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0):
+        from transformers import AutoModelForCausalLM
+
+        from ..models.tiny import load_tokenizer
+
+        torch.manual_seed(seed)
+        self.model_dir = model_dir
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.clip, self.entropy_coef, self.max_grad_norm, self.temperature = clip, entropy_coef, max_grad_norm, temperature
+        self.version = 0
+
+    def _tensors(self, samples: list[dict]):
+        """Pad a batch. Samples with the same input (prompt + all but the last response token)
+        share one forward row: their logits are identical, only targets and advantages differ."""
+        n = len(samples)
+        unique: dict[tuple, int] = {}
+        row = [unique.setdefault(tuple(s["prompt_ids"] + s["response_ids"][:-1]), len(unique)) for s in samples]
+        width = max(len(k) for k in unique)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(unique), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(unique), width), dtype=torch.long)
+        for seq, u in unique.items():
+            ids[u, : len(seq)] = torch.tensor(seq)
+            attn[u, : len(seq)] = 1
+        vocab = self.model.config.vocab_size
+        resp_width = max(len(s["response_ids"]) for s in samples)
+        targets = torch.zeros((n, resp_width), dtype=torch.long)
+        old = torch.zeros((n, resp_width))
+        mask = torch.zeros((n, resp_width), dtype=torch.bool)
+        pos_index = torch.zeros((n, resp_width), dtype=torch.long)
+        allowed = torch.ones((n, resp_width, vocab), dtype=torch.bool) if any(s.get("allowed_ids") for s in samples) else None
+        for i, s in enumerate(samples):
+            p, r = len(s["prompt_ids"]), len(s["response_ids"])
+            targets[i, :r] = torch.tensor(s["response_ids"])
+            old[i, :r] = torch.tensor(s["logprobs"])
+            mask[i, :r] = True
+            pos_index[i, :r] = torch.arange(p - 1, p - 1 + r)  # logits at t predict token t+1
+            if allowed is not None and s.get("allowed_ids"):
+                for t, ids_t in enumerate(s["allowed_ids"]):
+                    allowed[i, t] = False
+                    allowed[i, t, ids_t] = True
+        adv = torch.tensor([float(s["advantage"]) for s in samples])
+        return ids, attn, torch.tensor(row), targets, old, mask, allowed, pos_index, adv
+
+    def train_step(self, samples: list[dict]) -> dict:
+        t0 = time.perf_counter()
+        ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(samples)
+        logits = self.model(input_ids=ids, attention_mask=attn).logits[row]
+        logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
+        logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
+        loss, stats = ppo_clip_loss(logp, old, adv, mask, self.clip, entropy, self.entropy_coef)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        self.version += 1
+        stats.update(loss=loss.item(), grad_norm=float(grad_norm), samples=len(samples), tokens=int(mask.sum()),
+                     forward_rows=int(ids.size(0)), train_s=time.perf_counter() - t0, version=self.version)
+        return stats
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | Path) -> str:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        torch.save({"optimizer": self.opt.state_dict(), "version": self.version}, path / "trainer_state.pt")
+        (path / "rollart.json").write_text(json.dumps({"version": self.version}))
+        return str(path)
+
+    def restore(self, path: str | Path) -> int:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        weights = load_file(str(path / "model.safetensors"))
+        self.model.load_state_dict(weights, strict=False)
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.opt.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        return self.version

@@ -1,0 +1,58 @@
+"""Plain data passed between the planes. No Dask, no torch: safe to import anywhere."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One generate → env.step exchange of a trajectory."""
+
+    observation: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # behaviour log-probs, one per response token
+    allowed_ids: list[list[int]] | None  # per response token: ids decoding was restricted to (None = full vocab)
+    version: int  # policy version of the engine that produced this turn
+    action: str = ""
+    env_reward: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    id: str
+    group_id: str
+    task: str
+    seed: int
+    turns: list[Turn] = field(default_factory=list)
+    version: int | None = None  # engine version at the first generate
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0  # times restarted after a lost env worker
+
+    def for_reward(self) -> dict[str, Any]:
+        """The JSON-serialisable view a reward function receives."""
+        return {
+            "task": self.task,
+            "seed": self.seed,
+            "turns": [{"observation": t.observation, "action": t.action, "env_reward": t.env_reward} for t in self.turns],
+            "info": self.info,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Completion:
+    """What an engine returns for one generate request."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    allowed_ids: list[list[int]] | None
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    version: int

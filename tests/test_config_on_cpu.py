@@ -1,0 +1,80 @@
+import pytest
+
+from rollart_dask.config import FlowError, load_flow
+from tests.conftest import flow_dict
+
+
+def test_quickstart_flow_validates():
+    cfg = load_flow("flows/quickstart.yaml")
+    assert cfg.rollout.mode == "rollart" and cfg.rollout.level == "trajectory" and cfg.rollout.alpha == 1
+
+
+def test_unknown_key_is_named_with_allowed_keys():
+    data = flow_dict()
+    data["rollout"]["alpah"] = 2
+    with pytest.raises(FlowError) as e:
+        load_flow(data=data)
+    msg = str(e.value)
+    assert "rollout.alpah: unknown key" in msg and "alpha" in msg and "group_size" in msg
+
+
+def test_bad_literal_names_key_and_allowed_values():
+    with pytest.raises(FlowError) as e:
+        load_flow(data=flow_dict(**{"rollout.mode": "async"}))
+    msg = str(e.value)
+    assert "rollout.mode" in msg and "'sync'" in msg and "'rollart'" in msg
+
+
+def test_bad_number_names_key():
+    with pytest.raises(FlowError) as e:
+        load_flow(data=flow_dict(**{"rollout.group_size": 0}))
+    assert "rollout.group_size" in str(e.value)
+
+
+@pytest.mark.parametrize("mode,alpha,level,needle", [
+    ("sync", 1, None, "rollout.mode=sync requires rollout.alpha=0"),
+    ("sync", 0, "trajectory", "rollout.mode=sync requires"),
+    ("one_off", 2, None, "rollout.mode=one_off requires rollout.alpha=1"),
+])
+def test_mode_rules(mode, alpha, level, needle):
+    over = {"rollout.mode": mode, "rollout.alpha": alpha}
+    if level:
+        over["rollout.level"] = level
+    with pytest.raises(FlowError) as e:
+        load_flow(data=flow_dict(**over))
+    assert needle in str(e.value)
+
+
+def test_mode_defaults():
+    assert load_flow(data=flow_dict(**{"rollout.mode": "sync", "rollout.alpha": None})).rollout.alpha == 0
+    cfg = load_flow(data=flow_dict(**{"rollout.mode": "one_off", "rollout.alpha": None}))
+    assert (cfg.rollout.alpha, cfg.rollout.level) == (1, "batch")
+
+
+def test_overrides_by_path_and_task_name():
+    cfg = load_flow("flows/quickstart.yaml", ["rollout.alpha=2", "tasks.frozenlake.max_turns=5", "trainer.lr=1e-4"])
+    assert cfg.rollout.alpha == 2 and cfg.tasks[0].max_turns == 5 and cfg.trainer.lr == 1e-4
+
+
+def test_override_errors():
+    with pytest.raises(FlowError, match="expected key=value"):
+        load_flow("flows/quickstart.yaml", ["rollout.alpha"])
+    with pytest.raises(FlowError, match="no list item 'nope'"):
+        load_flow("flows/quickstart.yaml", ["tasks.nope.max_turns=3"])
+    with pytest.raises(FlowError, match="trainer.stepz: unknown key"):
+        load_flow("flows/quickstart.yaml", ["trainer.stepz=3"])
+
+
+def test_missing_file():
+    with pytest.raises(FlowError, match="flow file not found"):
+        load_flow("flows/nope.yaml")
+
+
+def test_cli_reports_bad_flow(tmp_path):
+    from click.testing import CliRunner
+
+    from rollart_dask.cli import main
+
+    res = CliRunner().invoke(main, ["run", "flows/quickstart.yaml", "--set", "rollout.level=sideways", "--out", str(tmp_path)])
+    assert res.exit_code != 0
+    assert "rollout.level" in res.output and "'trajectory'" in res.output

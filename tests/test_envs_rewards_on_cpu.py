@@ -1,0 +1,61 @@
+from envs.frozenlake import FrozenLakeText, parse_action
+from rewards.frozenlake import reward
+from rollart_dask.algo.advantages import grpo_advantages
+from rollart_dask.registry import get_reward, make_env
+
+
+def test_deterministic_by_seed_and_maps_differ():
+    a, b = FrozenLakeText(), FrozenLakeText()
+    assert a.reset(5)[0] == b.reset(5)[0]
+    maps = {FrozenLakeText().reset(s)[0] for s in range(20)}
+    assert len(maps) > 10
+
+
+def test_observation_format():
+    obs, info = FrozenLakeText().reset(3)
+    rows = obs.split("\n")
+    assert len(rows) == 4 and all(len(r) == 4 for r in rows)
+    assert obs.count("P") == 1 and set(obs) <= set("SFHGP\n")
+
+
+def test_shortest_path_reaches_goal():
+    for seed in range(10):
+        env = FrozenLakeText()
+        env.reset(seed)
+        path = env.shortest_path()
+        assert path is not None
+        for a in path:
+            obs, r, term, trunc, info = env.step(a)
+        assert term and r == 1.0 and info["success"]
+
+
+def test_malformed_action_counted_and_agent_stays():
+    env = FrozenLakeText(max_turns=8)
+    obs, _ = env.reset(1)
+    obs2, r, term, trunc, info = env.step("jump!")
+    assert obs2 == obs and info["malformed"] == 1 and not info["valid"] and r == 0.0
+    assert parse_action(" left ") == "L" and parse_action("d") == "D" and parse_action("LL") is None
+
+
+def test_truncation_at_max_turns():
+    env = FrozenLakeText(max_turns=2)
+    env.reset(1)
+    env.step("?")
+    assert env.step("?")[3] is True
+
+
+def test_reward_function_and_registry():
+    assert reward({"info": {"success": True, "malformed": 0}}) == {"score": 1.0, "success": True}
+    assert reward({"info": {"success": False, "malformed": 3}})["score"] == -0.3
+    assert get_reward("frozenlake") is reward
+    assert isinstance(make_env("frozenlake", size=5), FrozenLakeText)
+    import pytest
+
+    with pytest.raises(KeyError, match="unknown env 'nope'"):
+        make_env("nope")
+
+
+def test_grpo_advantages():
+    adv = grpo_advantages([1.0, 0.0, 0.0, 0.0])
+    assert adv[0] > 0 and all(a < 0 for a in adv[1:]) and abs(sum(adv)) < 1e-5
+    assert grpo_advantages([0.5] * 4) == [0.0] * 4
