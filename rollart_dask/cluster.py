@@ -36,9 +36,9 @@ async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.WARNING) 
 async def connect(cfg: ClusterConfig):
     """Return (client, cluster or None). Embedded cluster when no scheduler address is set."""
     if cfg.scheduler:
-        client = await Client(cfg.scheduler, asynchronous=True, direct_to_workers=True)
+        client = await Client(cfg.scheduler, asynchronous=True)
         return client, None
     cluster = await start_local_cluster(cfg)
-    client = await Client(cluster, asynchronous=True, direct_to_workers=True)
+    client = await Client(cluster, asynchronous=True)
     await client.wait_for_workers(len(cfg.workers), timeout=120)
     return client, cluster

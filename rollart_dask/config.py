@@ -91,9 +91,9 @@ class RolloutConfig(Strict):
     redundancy: int = Field(0, ge=0, description="extra trajectories launched per group (keep the first G)")
     batch_groups: int = Field(16, ge=1, description="groups per training batch")
     coalesce: bool = Field(True, description="one future per service per event-loop tick (False: one per call)")
-    generate_timeout_s: float = Field(120, gt=0)
-    env_timeout_s: float = Field(60, gt=0)
-    reward_timeout_s: float = Field(60, gt=0)
+    generate_timeout_s: float = Field(60, gt=0, description="per generate call (a timed-out request is aborted in the engine)")
+    env_timeout_s: float = Field(30, gt=0, description="per env reset/step call")
+    reward_timeout_s: float = Field(30, gt=0, description="per reward call")
     retries: int = Field(2, ge=0, description="retry budget per env/reward call")
     max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
 

@@ -70,7 +70,8 @@ class Run:
         self._last_progress = time.monotonic()
         self._weights = None  # dask future of the latest published weights (lives on the trainer)
         self._bg: list[asyncio.Task] = []
-        self.phase_s: Counter = Counter()
+        self.t_start = time.monotonic()
+        self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
 
     # -- set-up: resource plane + data plane ---------------------------------------------------
     async def setup(self) -> None:
@@ -151,6 +152,7 @@ class Run:
             await self.em.run(traj, task, barrier, on_start=self.buffer.started)
             orders = self.buffer.finished(traj)
             self.counts["turns"] += len(traj.turns)
+            self._last_progress = time.monotonic()  # only a finished trajectory is progress, not a failure
         except (TrajectoryCancelled, asyncio.CancelledError):
             return  # the buffer ordered it and counted it
         except WorkerLost:
@@ -163,7 +165,6 @@ class Run:
             orders = self.buffer.failed(traj.id, "failed")
         finally:
             self.members.pop(traj.id, None)
-            self._last_progress = time.monotonic()
             self._wake_batch.set()
             self._wake_launcher.set()
         self._carry_out(orders)
@@ -215,6 +216,7 @@ class Run:
         return samples, stats
 
     async def _train(self, groups: list[Group], row: dict):
+        self.trained_ids += [t.id for g in groups for t in g.kept]
         samples, stats = self._samples(groups)
         stats.update(row)
         stale = Counter(self.buffer.staleness(self.published, groups))
@@ -244,7 +246,7 @@ class Run:
             ok = [r for r in results if isinstance(r, Trajectory)]
             succ = [float(bool(t.info.get("reward", {}).get("success", (t.reward or 0) > 0))) for t in ok]
             out[task.name] = {"success": sum(succ) / len(trajs), "failed_calls": len(trajs) - len(ok)}
-        row = {"kind": "eval", "step": version, "version": version, "eval": out}
+        row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start}
         self.history.append(row)
         self.metrics.write(row)
         return out
@@ -314,7 +316,7 @@ class Run:
         """Run the flow to its end; returns first/last held-out evaluations and the counts."""
         cfg = self.cfg
         self._fatal = None
-        t_start = time.monotonic()
+        t_start = self.t_start = time.monotonic()
         self._bg = [asyncio.ensure_future(c) for c in (self._launcher(), self._watchdog(), self._monitor())]
         try:
             await self.evaluate()

@@ -1,0 +1,64 @@
+"""The CLI end to end, as a user runs it: embedded cluster, tiny budgets."""
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+RUN = [sys.executable, "-m", "rollart_dask.cli", "run", "flows/quickstart.yaml"]
+TINY = ["--set", "rollout.batch_groups=4", "--set", "eval.seeds=10", "--set", "eval.every=2", "--set", "observe.progress=false"]
+
+
+def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=3", *TINY], capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "held-out frozenlake success" in res.stderr and "quickstart — summary" in res.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["version"] for r in steps] == [1, 2, 3]
+    assert [r["version"] for r in evals] == [0, 2, 3]
+    for key in ("get_batch_s", "train_s", "staleness", "pool_busy", "tokens_per_s", "reward_mean", "entropy", "buffer", "stage_latency"):
+        assert key in steps[-1], key
+    assert "update_s" in steps[-1] and "suspend_s" in steps[-1] and "recompute_kv_s" in steps[-1]
+    eff = yaml.safe_load((out / "flow.yaml").read_text())
+    assert eff["_effective"]["engine_backend"] == "torch" and eff["_effective"]["engines"] == {"H800": ["h800-0"]}
+    assert eff["rollout"]["batch_groups"] == 4  # overrides land in the effective config
+    ckpt = (out / "checkpoints" / "latest").read_text().strip()
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(ckpt)
+    assert (out / "tensorboard").is_dir()
+
+    # --resume continues from the checkpoint's version
+    res = subprocess.run([*RUN, "--out", str(out), "--resume", "--set", "trainer.steps=1", *TINY], capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert rows[-1]["kind"] == "eval" and rows[-1]["version"] == 4
+
+
+@pytest.mark.slow
+def test_quickstart_learns_a_little(tmp_path):
+    """A short quickstart: the training reward must rise (the full held-out target is a README measurement)."""
+    out = tmp_path / "learn"
+    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=40", "--set", "eval.seeds=20", "--set", "eval.every=0",
+                          "--set", "observe.progress=false"], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    first = sum(r["reward_mean"] for r in steps[:5]) / 5
+    last = sum(r["reward_mean"] for r in steps[-5:]) / 5
+    assert last > first + 0.08, (first, last)
+
+
+@pytest.mark.slow
+def test_benchmark_runs_both_modes(tmp_path):
+    res = subprocess.run([sys.executable, "benchmarks/sync_vs_rollart.py", "--minutes", "0.3", "--target", "0.0", "--out", str(tmp_path),
+                          "--set", "eval.seeds=10", "--set", "rollout.batch_groups=4"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) == {"sync", "rollart α=1"}
+    assert all(r["steps"] >= 1 for r in results.values())

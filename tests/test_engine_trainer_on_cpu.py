@@ -1,0 +1,92 @@
+"""Engine and trainer services directly (no cluster): constrained decoding, log-probs, abort,
+and a GRPO step that moves the policy the way the advantages say."""
+import math
+
+import pytest
+import torch
+
+from rollart_dask.pools import PoolError, PoolMap, submit_kwargs
+from rollart_dask.services.engine_torch import TorchEngine
+from rollart_dask.services.trainer import TorchTrainer
+
+PROMPT = "SFFF\nFPFH\nFFFH\nHFFG"
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return TorchEngine(str(model_dir), seed=0)
+
+
+def req(i, temperature=1.0, choices=("L", "D", "R", "U"), max_tokens=2, prompt=PROMPT):
+    return {"id": f"r{i}", "prompt": prompt, "choices": list(choices) if choices else None, "max_tokens": max_tokens, "temperature": temperature}
+
+
+def test_constrained_decoding_only_emits_choices_with_normalised_logprobs(engine):
+    out = engine.generate([req(i) for i in range(64)])
+    assert {c.text for c in out} <= {"L", "D", "R", "U"} and len({c.text for c in out}) > 1
+    for c in out:
+        assert c.finish_reason == "stop" and len(c.token_ids) == 1 and c.version == 0
+        assert c.allowed_ids[0] == sorted(c.allowed_ids[0], key=c.allowed_ids[0].index)  # a list of ids
+        assert c.logprobs[0] <= 0
+    # the four choices' probabilities, recovered from the samples' log-probs, sum to one
+    probs = {c.text: math.exp(c.logprobs[0]) for c in out}
+    assert len(probs) == 4 and abs(sum(probs.values()) - 1) < 1e-4
+
+
+def test_multi_token_choices_and_unconstrained_length(engine):
+    out = engine.generate([req(0, choices=("left", "down"), max_tokens=8), req(1, choices=None, max_tokens=5), req(2, choices=("left", "down"), max_tokens=2)])
+    assert out[0].text in ("left", "down") and out[0].finish_reason == "stop"
+    assert out[1].finish_reason in ("length", "stop") and len(out[1].token_ids) <= 5
+    assert out[2].finish_reason == "length" and len(out[2].token_ids) == 2  # the token budget wins
+
+
+def test_greedy_is_deterministic(engine):
+    a = engine.generate([req(0, temperature=0)])[0]
+    b = engine.generate([req(1, temperature=0)])[0]
+    assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
+def test_abort_before_decoding(engine):
+    engine.abort(["r7"])
+    out = engine.generate([req(7, choices=None, max_tokens=8), req(8, choices=None, max_tokens=2)])
+    assert out[0].finish_reason == "abort" and out[0].token_ids == []
+    assert out[1].finish_reason != "abort"
+
+
+def test_grpo_step_moves_policy_toward_positive_advantage(model_dir, engine):
+    trainer = TorchTrainer(str(model_dir), lr=1e-2, entropy_coef=0.0)
+    comps = engine.generate([req(i) for i in range(32)])
+    good = comps[0].text
+    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
+                "advantage": 1.0 if c.text == good else -1.0} for c in comps]
+    before = engine.generate([req(100, temperature=0)])[0]
+    for _ in range(5):
+        stats = trainer.train_step(samples)
+    assert stats["version"] == 5 and stats["forward_rows"] == 1  # 32 samples, one shared input
+    engine.update_weights(5, trainer.state_dict())
+    after = engine.generate([req(101, temperature=0)])[0]
+    assert after.version == 5 and after.text == good and before.logprobs != after.logprobs
+    engine.update_weights(0, TorchTrainer(str(model_dir), lr=1e-2).state_dict())  # leave the shared engine as it was
+
+
+def test_trainer_checkpoint_round_trip(model_dir, tmp_path):
+    t = TorchTrainer(str(model_dir), lr=1e-3)
+    s = {"prompt_ids": [5, 6, 7], "response_ids": [8], "logprobs": [-1.0], "allowed_ids": None, "advantage": 1.0}
+    t.train_step([s, dict(s, advantage=-1.0, response_ids=[9])])
+    path = t.save_checkpoint(tmp_path / "ck")
+    t2 = TorchTrainer(str(model_dir), lr=1e-3)
+    assert t2.restore(path) == 1
+    for k, v in t.state_dict().items():
+        assert torch.equal(v, t2.state_dict()[k]), k
+
+
+def test_pool_map_validation_and_submit_kwargs():
+    pm = PoolMap({"tcp://a": {"name": "train-0", "resources": {"H800": 1, "TRAIN": 1}}, "tcp://b": {"name": "cpu-0", "resources": {"CPU": 1}}})
+    assert pm.engine_workers("H800") == [] and pm.members("H800") == ["tcp://a"]
+    with pytest.raises(PoolError) as e:
+        pm.validate({"H800": "engine for task x", "SERVERLESS": "reward runner", "CPU": "env hosts"})
+    assert "pool H800 (engine for task x) has no worker" in str(e.value) and "pool SERVERLESS" in str(e.value) and "CPU" not in str(e.value).split("Workers seen")[0]
+    kw = submit_kwargs("CPU", worker="tcp://b", key="env-step-1")
+    assert kw == {"resources": {"CPU": 1}, "pure": False, "workers": ["tcp://b"], "allow_other_workers": False, "key": "env-step-1"}
+    with pytest.raises(PoolError, match="unknown pool 'GPU'"):
+        submit_kwargs("GPU")

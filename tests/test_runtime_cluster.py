@@ -1,0 +1,217 @@
+"""The runtime on a real local Dask cluster with pool resources (Nanny workers, CPU only).
+
+One cluster is shared by the tests of this module and reached by address, which is also the
+`--scheduler` attach path. Tests that break workers start their own.
+"""
+import asyncio
+import time
+
+import pytest
+from distributed import Client, SpecCluster
+
+from rollart_dask.cluster import cluster_spec, connect
+from rollart_dask.config import load_flow
+from rollart_dask.loop import Run
+from rollart_dask.pools import PoolError
+from tests.conftest import flow_dict
+
+POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "serverless-0": "SERVERLESS"}
+
+
+@pytest.fixture(scope="module")
+def address():
+    cfg = load_flow(data=flow_dict())
+    spec = cluster_spec(cfg.cluster)
+    with SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], silence_logs=40) as cluster:
+        with Client(cluster) as c:
+            c.wait_for_workers(len(spec["workers"]), timeout=120)
+        yield cluster.scheduler_address
+
+
+async def start_run(cfg, tmp_path, model_dir):
+    client, cluster = await connect(cfg.cluster)
+    run = Run(cfg, client, tmp_path, model_dir)
+    await run.setup()
+    return run, client, cluster
+
+
+async def close(run, client, cluster):
+    await run.stop()
+    await client.close()
+    if cluster is not None:
+        await cluster.close()
+
+
+def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            await client.get_task_stream(start=time.time())  # installs the recorder
+            t0 = time.time()
+            result = await run.run()
+            stream = await client.get_task_stream(start=t0)
+            info = await client.scheduler.identity()
+            return result, stream, {a: w["name"] for a, w in info["workers"].items()}
+        finally:
+            await close(run, client, cluster)
+
+    result, stream, names = run_async(go())
+    assert result["steps"] == 2
+    expected = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"serverless-0"},
+                "train": {"train-0"}, "publish": {"train-0"}, "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
+    seen: dict[str, set] = {}
+    for rec in stream:
+        prefix = rec["key"].rsplit("-", 1)[0] if isinstance(rec["key"], str) else str(rec["key"])
+        seen.setdefault(prefix, set()).add(names[rec["worker"]])
+    for stage, workers in expected.items():
+        assert stage in seen, f"no {stage} task ran; saw {sorted(seen)}"
+        assert seen[stage] <= workers, f"{stage} ran on {seen[stage]}, expected {workers}"
+
+
+def test_missing_pool_fails_fast_naming_it(tmp_path, model_dir, run_async):
+    data = flow_dict()
+    data["cluster"]["workers"] = [w for w in data["cluster"]["workers"] if w["name"] not in ("serverless-0", "h800-0")]
+    cfg = load_flow(data=data)
+
+    async def go():
+        client, cluster = await connect(cfg.cluster)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(PoolError) as e:
+                await Run(cfg, client, tmp_path, model_dir).setup()
+            return str(e.value), time.monotonic() - t0
+        finally:
+            await client.close()
+            await cluster.close()
+
+    msg, took = run_async(go())
+    assert "pool SERVERLESS (reward runner) has no worker" in msg
+    assert "pool H800 (engine for task frozenlake" in msg
+    assert "train-0[H800+TRAIN]" in msg  # the trainer's H800 tag does not count as an engine
+    assert took < 10
+
+
+def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, tmp_path, model_dir, run_async):
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "rollout.coalesce": False}))
+    prompt = "SFFF\nFPFH\nFFFH\nHFFG"
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            p = run.proxy
+            before_futures = run.d.futures
+            group = await asyncio.gather(*(p.generate(f"g/{i}", "H800", prompt, list("LDRU"), 2, 1.0) for i in range(8)))
+            n_futures = run.d.futures - before_futures
+            greedy0 = await p.generate("probe0", "H800", prompt, list("LDRU"), 2, 0.0)
+            # one real training step on the trainer worker, published and pulled by the engine
+            samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
+                        "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
+            from rollart_dask.services import plugins
+
+            tf = await run.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=run.trainer)
+            metrics = await tf
+            weights = await run.d.submit_one("publish", plugins.trainer_weights, tf, pool="TRAIN", worker=run.trainer)
+            await p.suspend()
+            await p.update_weights(metrics["version"], weights)
+            p.resume()
+            greedy1 = await p.generate("probe1", "H800", prompt, list("LDRU"), 2, 0.0)
+            return group, n_futures, greedy0, greedy1
+        finally:
+            await close(run, client, cluster)
+
+    group, n_futures, g0, g1 = run_async(go())
+    assert n_futures == 8  # pure=False: eight samples of one prompt are eight tasks, not one merged
+    assert len({c.request_id for c in group}) == 8
+    assert len({c.text for c in group}) > 1  # random-init model at temperature 1: the samples differ
+    assert g0.version == 0 and g1.version == 1
+    assert g0.logprobs != g1.logprobs  # the engine runs the new weights
+
+
+def test_suspend_resume_loses_and_duplicates_nothing(address, tmp_path, model_dir, run_async):
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            p = run.proxy
+            calls = [asyncio.ensure_future(p.generate(f"t/{i}", "H800", "hello world " * 8, None, 48, 1.0)) for i in range(24)]
+            await asyncio.sleep(0.3)
+            for _ in range(3):  # suspend while requests are decoding: they are aborted, then re-issued after resume
+                await p.suspend()
+                assert not p._inflight
+                await asyncio.sleep(0.1)
+                assert not any(c.done() for c in calls if not c.done())
+                p.resume()
+                await asyncio.sleep(0.3)
+            done = await asyncio.gather(*calls)
+            result = await run.run()  # and through whole steps, with Suspend/Update/Resume each step
+            return done, p.reissued, run.trained_ids, result
+        finally:
+            await close(run, client, cluster)
+
+    done, reissued, trained, result = run_async(go())
+    assert len(done) == 24 and all(c.finish_reason in ("stop", "length") for c in done)
+    assert all(len(c.token_ids) > 0 for c in done)
+    assert reissued > 0  # suspend really caught requests in flight
+    assert len(trained) == len(set(trained)) == 2 * 2 * 4  # steps x groups x G, none twice
+    assert result["steps"] == 2
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_off", "rollart"])
+def test_modes_train_and_publish(address, tmp_path, model_dir, run_async, mode):
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "rollout.mode": mode, "rollout.alpha": None, "trainer.steps": 3}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            return await run.run(), run.metrics.rows
+        finally:
+            await close(run, client, cluster)
+
+    result, rows = run_async(go())
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["version"] for r in steps] == [1, 2, 3]
+    alpha = {"sync": 0, "one_off": 1, "rollart": 1}[mode]
+    for r in steps:
+        assert max(int(k) for k in r["staleness"]) <= alpha
+        assert r["samples"] > 0 and r["tokens"] > 0
+    assert result["last"]["version"] == 3
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(result["checkpoint"])  # an HF checkpoint transformers loads
+
+
+def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):
+    cfg = load_flow(data=flow_dict(**{"trainer.steps": 4, "rollout.batch_groups": 3}))
+    killed = {}
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+
+        def on_step(r):
+            if r.published == 1 and not killed:
+                addr = next(a for a, w in r.poolmap.workers.items() if w["name"] == "cpu-0")
+                killed["addr"] = addr
+
+                async def die():  # the worker process exits hard; its Nanny starts a fresh one
+                    import os
+
+                    os._exit(1)
+
+                asyncio.ensure_future(client.run(die, workers=[addr], wait=False))
+
+        try:
+            result = await run.run(on_step=on_step)
+            return result, run.trained_ids
+        finally:
+            await close(run, client, cluster)
+
+    result, trained = run_async(go(), timeout=400)
+    assert killed and result["steps"] == 4
+    counts = result["counts"]
+    assert counts.get("workers_lost", 0) >= 1
+    assert counts.get("env_worker_lost", 0) >= 1 and counts.get("relaunched", 0) >= counts["env_worker_lost"]
+    assert counts.get("groups_dropped", 0) == 0
+    assert len(trained) == len(set(trained)) == 4 * 3 * 4  # every batch full: lost trajectories were restarted elsewhere
