@@ -136,8 +136,8 @@ def test_suspend_resume_loses_and_duplicates_nothing(address, tmp_path, model_di
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
             p = run.proxy
-            calls = [asyncio.ensure_future(p.generate(f"t/{i}", "H800", "hello world " * 8, None, 48, 1.0)) for i in range(24)]
-            await asyncio.sleep(0.3)
+            calls = [asyncio.ensure_future(p.generate(f"t/{i}", "H800", "hello world " * 8, None, 300, 1.0)) for i in range(24)]
+            await asyncio.sleep(0.05)
             for _ in range(3):  # suspend while requests are decoding: they are aborted, then re-issued after resume
                 await p.suspend()
                 assert not p._inflight
