@@ -46,7 +46,8 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         console.print(f"dashboard: {client.dashboard_link}")
         run = Run(cfg, client, out, model_dir, resume=resume)
         await run.setup()
-        write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": cfg.engine.backend, "engines": run.layout,
+        console.print(f"engine backend: {run.engine_backend} (asked: {cfg.engine.backend})")
+        write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": run.engine_backend, "engines": run.layout,
                                    "scheduler": client.scheduler.address, "emulated": False})
         result = await run.run(on_step=on_step)
         result["wall_s"] = time.monotonic() - t0

@@ -5,7 +5,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -51,11 +50,14 @@ def run(flow, overrides, scheduler, out, resume):
                         console=console, disable=not cfg.observe.progress)
     bar = progress.add_task("", total=cfg.trainer.steps)
 
+    printed = set()
+
     def on_step(run_):
         ev = run_.history[-1]
         desc = " ".join(f"{k}={v['success']:.2f}" for k, v in ev["eval"].items())
         progress.update(bar, completed=run_.published, description=f"held-out@v{ev['version']}: {desc}")
-        if not sys.stderr.isatty():
+        if not console.is_terminal and ev["version"] not in printed:  # a log file gets one line per evaluation
+            printed.add(ev["version"])
             console.print(f"v{run_.published} held-out@v{ev['version']}: {desc}")
 
     try:

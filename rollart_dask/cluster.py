@@ -3,7 +3,9 @@ or a connection to an existing scheduler."""
 from __future__ import annotations
 
 import logging
+import os
 
+import dask
 from distributed import Client, Nanny, Scheduler, SpecCluster
 
 from .config import ClusterConfig
@@ -27,7 +29,10 @@ def cluster_spec(cfg: ClusterConfig) -> dict:
     return {"workers": workers, "scheduler": scheduler}
 
 
-async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.WARNING) -> SpecCluster:
+async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.ERROR) -> SpecCluster:
+    # Workers' INFO chatter (every client.run, every start/close) drowns a run's output.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]})
     spec = cluster_spec(cfg)
     cluster = await SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], asynchronous=True, silence_logs=silence_logs, name="rollart")
     return cluster

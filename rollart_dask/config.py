@@ -66,7 +66,7 @@ class ModelConfig(Strict):
 
 
 class EngineConfig(Strict):
-    backend: Literal["torch"] = Field("torch", description="inference engine backend (vLLM and emulated: see README)")
+    backend: Literal["auto", "torch", "vllm"] = Field("auto", description="auto: vllm when importable, else torch (the choice is printed and recorded)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
     constrained: bool = Field(True, description="restrict decoding to the env's action choices")
     max_batch: int = Field(1024, ge=1, description="most requests one engine decodes together")
@@ -122,7 +122,6 @@ class TrainerConfig(Strict):
     entropy_coef: float = Field(0.05, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
-    warm_start_steps: int = Field(0, ge=0, description="SFT steps on solver demos before RL (reported separately)")
 
 
 class WeightsConfig(Strict):
@@ -255,6 +254,19 @@ def load_flow(path: str | Path | None = None, overrides: list[str] | None = None
         return FlowConfig.model_validate(data)
     except ValidationError as err:
         raise FlowError(_format_errors(err)) from None
+
+
+def resolve_engine_backend(engine: EngineConfig) -> str:
+    """The backend a run uses; asking for vllm without it installed is an error, never a silent fallback."""
+    import importlib.util
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if engine.backend == "vllm" and not has_vllm:
+        raise FlowError("engine.backend=vllm but vllm is not installed here (pip install -e '.[vllm]'; vllm-gpu on GPU machines), "
+                        "or use engine.backend=torch")
+    if engine.backend == "auto":
+        return "vllm" if has_vllm else "torch"
+    return engine.backend
 
 
 def task_pool(task: TaskConfig) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .algo.advantages import ADVANTAGES
 from .buffer import Group, Orders, SampleBuffer
-from .config import FlowConfig, TaskConfig, task_pool
+from .config import FlowConfig, TaskConfig, resolve_engine_backend, task_pool
 from .dispatch import Dispatcher, WorkerLost
 from .envmanager import EnvManager, TurnBarrier
 from .observe import MetricsWriter, console
@@ -71,6 +71,8 @@ class Run:
         self._weights = None  # dask future of the latest published weights (lives on the trainer)
         self._bg: list[asyncio.Task] = []
         self.t_start = time.monotonic()
+        self._train_busy_s = 0.0
+        self._base_version = 0
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
 
     # -- set-up: resource plane + data plane ---------------------------------------------------
@@ -85,7 +87,9 @@ class Run:
         md = str(self.model_dir)
         await self.client.register_plugin(plugins.EnvHostPlugin(["CPU"]), name=plugins.ENVHOST)
         await self.client.register_plugin(plugins.RewardPlugin(["SERVERLESS"]), name=plugins.REWARD)
-        await self.client.register_plugin(plugins.EnginePlugin(pools, exclude=["TRAIN"], model_dir=md, seed=self.cfg.seed, max_batch=self.cfg.engine.max_batch), name=plugins.ENGINE)
+        self.engine_backend = resolve_engine_backend(self.cfg.engine)
+        await self.client.register_plugin(plugins.EnginePlugin(pools, exclude=["TRAIN"], model_dir=md, seed=self.cfg.seed, max_batch=self.cfg.engine.max_batch,
+                                                               backend=self.engine_backend), name=plugins.ENGINE)
         await self.client.register_plugin(
             plugins.TrainerPlugin(["TRAIN"], model_dir=md, lr=tr.lr, weight_decay=tr.weight_decay, clip=tr.clip, entropy_coef=tr.entropy_coef,
                                   max_grad_norm=tr.max_grad_norm, temperature=self.cfg.engine.temperature, seed=self.cfg.seed),
@@ -95,6 +99,7 @@ class Run:
         self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
         if self.resume:
             await self._restore()
+        self._base_version = self.proxy.version  # admission counts groups from here
 
     async def _restore(self) -> None:
         latest = self.out / "checkpoints" / "latest"
@@ -109,7 +114,7 @@ class Run:
 
     # -- launching trajectories ----------------------------------------------------------------
     def _limit(self) -> int:
-        return (self.proxy.version + self.alpha + 1) * self.B
+        return (self.proxy.version - self._base_version + self.alpha + 1) * self.B
 
     def _open_group(self, barrier: TurnBarrier | None) -> str:
         names = list(self.tasks)
@@ -230,7 +235,11 @@ class Run:
         metrics = await asyncio.wait_for(fut, 600)
         stats["wait_train_s"] = time.perf_counter() - t0
         self.published = int(metrics["version"])
+        self._train_busy_s += metrics["train_s"]
         self._weights = await self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        every = self.cfg.trainer.checkpoint_every
+        if every and self.published % every == 0:
+            await self.checkpoint(after=fut)
         self._last_progress = time.monotonic()
         return {**stats, **{k: v for k, v in metrics.items() if k != "version"}}
 
@@ -279,7 +288,7 @@ class Run:
         while not self._stopping:
             await asyncio.sleep(1.0)
             try:
-                info = await self.client.scheduler.identity()
+                info = await asyncio.wait_for(self.client.scheduler.identity(), 10)
             except Exception:
                 continue
             current = PoolMap.from_scheduler_info(info)
@@ -300,17 +309,19 @@ class Run:
 
     # -- the whole run --------------------------------------------------------------------------
     async def pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
-        stats = await self.client.run(plugins.service_stats)
+        """Busy fraction per pool since the last call: service busy seconds / (wall × services in the pool)."""
+        stats = await asyncio.wait_for(self.client.run(plugins.service_stats), 30)
         busy: Counter = Counter()
-        for addr, s in stats.items():
-            for service, st in s.items():
-                key = (addr, service)
-                delta = st["busy_s"] - (prev or {}).get(key, 0.0)
+        holders: Counter = Counter()
+        flat = {}
+        for addr, services in stats.items():
+            for service, st in services.items():
                 pool = {plugins.ENVHOST: "CPU", plugins.REWARD: "SERVERLESS"}.get(service) or self.proxy.pool_of.get(addr, "?")
-                busy[pool] += delta
-        flat = {(a, sv): st["busy_s"] for a, s in stats.items() for sv, st in s.items()}
-        sizes = Counter({p: len(self.poolmap.members(p)) for p in busy})
-        return flat, {p: round(v / max(dt, 1e-9) / max(sizes[p], 1), 4) for p, v in busy.items()}
+                flat[(addr, service)] = st["busy_s"]
+                busy[pool] += st["busy_s"] - (prev or {}).get((addr, service), 0.0)
+                holders[pool] += 1
+        busy["TRAIN"], holders["TRAIN"], self._train_busy_s = self._train_busy_s, 1, 0.0
+        return flat, {p: round(v / max(dt, 1e-9) / holders[p], 4) for p, v in busy.items()}
 
     async def run(self, on_step=None) -> dict:
         """Run the flow to its end; returns first/last held-out evaluations and the counts."""
@@ -372,9 +383,10 @@ class Run:
         row = {"kind": "step", "step": self.published, "version": self.published, **row}
         self.metrics.write(row)
 
-    async def checkpoint(self) -> str:
+    async def checkpoint(self, after=None) -> str:
+        """Save an HF checkpoint of the trainer (ordered after the train future ``after``)."""
         path = self.out / "checkpoints" / f"step-{self.published}"
-        fut = await self.d.submit_one("checkpoint", plugins.trainer_checkpoint, str(path.resolve()), pool="TRAIN", worker=self.trainer)
+        fut = await self.d.submit_one("checkpoint", plugins.trainer_checkpoint, str(path.resolve()), after, pool="TRAIN", worker=self.trainer)
         saved = await fut
         (self.out / "checkpoints" / "latest").write_text(saved)
         return saved

@@ -11,7 +11,7 @@ os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False")
 def model_dir(tmp_path_factory):
     from rollart_dask.models.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("models"), hidden_size=32, layers=1, heads=2, intermediate_size=64, seed=0)
+    return build_tiny_model(tmp_path_factory.mktemp("models"), hidden_size=64, layers=1, heads=2, intermediate_size=128, seed=0)
 
 
 def flow_dict(**over) -> dict:
@@ -26,7 +26,8 @@ def flow_dict(**over) -> dict:
             {"name": "cpu-1", "pools": ["CPU"], "nthreads": 2},
             {"name": "serverless-0", "pools": ["SERVERLESS"], "nthreads": 1},
         ]},
-        "model": {"kind": "tiny", "hidden_size": 32, "layers": 1, "heads": 2, "intermediate_size": 64},
+        "model": {"kind": "tiny", "hidden_size": 64, "layers": 1, "heads": 2, "intermediate_size": 128},
+        "engine": {"backend": "torch"},
         "tasks": [{"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 6, "max_tokens": 2}],
         "rollout": {"mode": "rollart", "alpha": 1, "group_size": 4, "batch_groups": 2, "generate_timeout_s": 60, "env_timeout_s": 30},
         "trainer": {"steps": 2, "lr": 1e-3},

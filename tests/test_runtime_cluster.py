@@ -215,3 +215,20 @@ def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):
     assert counts.get("env_worker_lost", 0) >= 1 and counts.get("relaunched", 0) >= counts["env_worker_lost"]
     assert counts.get("groups_dropped", 0) == 0
     assert len(trained) == len(set(trained)) == 4 * 3 * 4  # every batch full: lost trajectories were restarted elsewhere
+
+
+def test_vllm_engine_service_in_a_run(address, tmp_path, model_dir, run_async):
+    pytest.importorskip("vllm", reason="the vllm extra is not installed (make test installs it)")
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "engine.backend": "vllm", "trainer.steps": 2}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            return run.engine_backend, await run.run(), run.metrics.rows
+        finally:
+            await close(run, client, cluster)
+
+    backend, result, rows = run_async(go())
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert backend == "vllm" and result["steps"] == 2
+    assert steps[-1]["update_s"] > 0 and result["last"]["version"] == 2  # weights reached the vLLM engine in place

@@ -62,9 +62,14 @@ class EnginePlugin(ServicePlugin):
 
     def build(self):
         _set_torch_threads()
+        kw = {"seed": self.spec.get("seed", 0), "max_batch": self.spec.get("max_batch", 1024)}
+        if self.spec.get("backend") == "vllm":
+            from .engine_vllm import VLLMEngine
+
+            return VLLMEngine(self.spec["model_dir"], **kw)
         from .engine_torch import TorchEngine
 
-        return TorchEngine(self.spec["model_dir"], seed=self.spec.get("seed", 0), max_batch=self.spec.get("max_batch", 1024))
+        return TorchEngine(self.spec["model_dir"], **kw)
 
 
 class EnvHostPlugin(ServicePlugin):
