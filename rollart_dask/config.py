@@ -91,6 +91,7 @@ class RolloutConfig(Strict):
     redundancy: int = Field(0, ge=0, description="extra trajectories launched per group (keep the first G)")
     batch_groups: int = Field(16, ge=1, description="groups per training batch")
     coalesce: bool = Field(True, description="one future per service per event-loop tick (False: one per call)")
+    coalesce_inflight: int = Field(2, ge=1, description="with coalesce: batch futures in flight per service; later calls join the next batch")
     generate_timeout_s: float = Field(60, gt=0, description="per generate call (a timed-out request is aborted in the engine)")
     env_timeout_s: float = Field(30, gt=0, description="per env reset/step call")
     reward_timeout_s: float = Field(30, gt=0, description="per reward call")

@@ -24,9 +24,10 @@ class WorkerLost(RuntimeError):
 
 
 class Dispatcher:
-    def __init__(self, client, coalesce: bool = True):
-        self.client, self.coalesce = client, coalesce
+    def __init__(self, client, coalesce: bool = True, max_inflight: int = 2):
+        self.client, self.coalesce, self.max_inflight = client, coalesce, max_inflight
         self._pending: dict[tuple, list] = {}
+        self._inflight: dict[tuple, int] = defaultdict(int)  # coalescing key → batch futures in flight
         self._by_worker: dict[str, set] = defaultdict(set)  # pinned worker → its open item futures
         self._dask: dict[str, set] = defaultdict(set)  # pinned worker → its dask futures
         self.calls = 0
@@ -77,11 +78,21 @@ class Dispatcher:
         return value
 
     def _flush(self, key: tuple) -> None:
+        # At most max_inflight batches per service: later calls wait and join the next, larger batch
+        # (a service runs one batch at a time anyway; more futures would only queue behind it).
+        if self._inflight[key] >= self.max_inflight:
+            return
         batch = self._pending.pop(key, [])
         if batch:
-            self._launch(key, batch)
+            self._inflight[key] += 1
+            self._launch(key, batch, done=lambda: self._batch_done(key))
 
-    def _launch(self, key: tuple, batch: list) -> None:
+    def _batch_done(self, key: tuple) -> None:
+        self._inflight[key] -= 1
+        if self._pending.get(key):
+            self._flush(key)
+
+    def _launch(self, key: tuple, batch: list, done=None) -> None:
         stage, fn, pool, worker = key
         dfut = self.client.submit(fn, [item for item, _ in batch], **submit_kwargs(pool, worker, key=f"{stage}-{uuid.uuid4().hex[:12]}"))
         self.futures += 1
@@ -91,6 +102,8 @@ class Dispatcher:
         task = asyncio.ensure_future(self._collect(dfut, [f for _, f in batch], worker))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if done is not None:
+            task.add_done_callback(lambda _: done())
 
     async def _collect(self, dfut, futs: list, worker: str | None) -> None:
         try:
@@ -115,8 +128,11 @@ class Dispatcher:
         for f in futs:
             if not f.done():
                 f.set_exception(WorkerLost(f"worker {address} left the cluster"))
-        for dfut in self._dask.pop(address, set()):
-            dfut.release()
+        for key in [k for k in self._pending if k[3] == address]:
+            self._pending.pop(key)
+        lost = list(self._dask.pop(address, set()))
+        if lost:  # their results can never arrive; cancelling ends the collectors waiting on them
+            asyncio.ensure_future(self.client.cancel(lost))
         return len(futs)
 
     async def submit_one(self, stage: str, fn, *args, pool: str, worker: str | None = None):

@@ -55,7 +55,7 @@ class Run:
         r = cfg.rollout
         self.B, self.G, self.alpha = r.batch_groups, r.group_size, r.alpha
         self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch)
-        self.d = Dispatcher(client, coalesce=r.coalesce)
+        self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
         self.tasks = {t.name: t for t in cfg.tasks}
         self.rng = random.Random(cfg.seed)
         self.members: dict[str, asyncio.Task] = {}
