@@ -111,7 +111,7 @@ class EnvManager:
             if in_barrier:
                 barrier.leave()
                 in_barrier = False
-            traj.info = dict(final_info, truncated=not (final_info.get("success") or term))
+            traj.info = dict(final_info, truncated=not term)  # out of turns (or a failed last step) rather than an ending
             self.stage[tid] = "reward"
             score = await self._reward(task, traj)
             traj.reward = float(score["score"])

@@ -11,7 +11,6 @@ and its weight update before rollout goes on.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import time
 import uuid
@@ -28,8 +27,6 @@ from .pools import ENGINE_POOLS, PoolMap
 from .proxy import LLMProxy, TrajectoryCancelled
 from .services import plugins
 from .types import Trajectory
-
-log = logging.getLogger("rollart_dask")
 
 
 def needed_pools(cfg: FlowConfig) -> dict[str, str]:
@@ -212,7 +209,7 @@ class Run:
             varied += int(any(a != 0 for a in advs))
             rewards += rs
             for traj, a in zip(g.kept, advs):
-                success.append(float(bool(traj.info.get("reward", {}).get("success", traj.reward > 0))))
+                success.append(float(traj.success))
                 for turn in traj.turns:
                     samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
                                     "allowed_ids": turn.allowed_ids, "advantage": a})
@@ -224,7 +221,7 @@ class Run:
         self.trained_ids += [t.id for g in groups for t in g.kept]
         samples, stats = self._samples(groups)
         stats.update(row)
-        stale = Counter(self.buffer.staleness(self.published, groups))
+        stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
         stats["staleness"] = {str(k): v for k, v in sorted(stale.items())}
         fut = await self.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=self.trainer)
         return fut, stats
@@ -253,7 +250,7 @@ class Run:
             trajs = [Trajectory(id=f"eval-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
             results = await asyncio.gather(*(self.em.run(t, task, greedy=True) for t in trajs), return_exceptions=True)
             ok = [r for r in results if isinstance(r, Trajectory)]
-            succ = [float(bool(t.info.get("reward", {}).get("success", (t.reward or 0) > 0))) for t in ok]
+            succ = [float(t.success) for t in ok]
             out[task.name] = {"success": sum(succ) / len(trajs), "failed_calls": len(trajs) - len(ok)}
         row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start}
         self.history.append(row)

@@ -83,7 +83,8 @@ class LLMProxy:
         self.cancelled.discard(traj_id)
 
     async def cancel(self, traj_ids: list[str]) -> None:
-        ids = set(traj_ids)
+        """Abort the engine requests of these trajectories (their coroutines are cancelled by the caller)."""
+        ids = set(traj_ids) & {t for _, t in self._inflight.values()}
         self.cancelled |= ids
         await self._abort({rid: addr for rid, (addr, t) in self._inflight.items() if t in ids})
 

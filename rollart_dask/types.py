@@ -31,6 +31,11 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0  # times restarted after a lost env worker
 
+    @property
+    def success(self) -> bool:
+        """The reward's own success flag when it gives one, else a positive score."""
+        return bool(self.info.get("reward", {}).get("success", (self.reward or 0) > 0))
+
     def for_reward(self) -> dict[str, Any]:
         """The JSON-serialisable view a reward function receives."""
         return {
