@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml setup.cfg
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/rollart run flows/quickstart.yaml --out runs/quickstart
+	$(BIN)/rollart run flows/quickstart.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

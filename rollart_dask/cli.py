@@ -43,6 +43,8 @@ def run(flow, overrides, scheduler, out, resume):
     if resume and not out:
         raise click.ClickException("--resume needs --out DIR (the run to continue)")
     out_dir = Path(out or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not resume and (out_dir / "metrics.jsonl").exists():
+        raise click.ClickException(f"{out_dir} already holds a run (metrics.jsonl); pass --resume to continue it, or choose another --out")
     r = cfg.rollout
     console.print(f"[bold]{cfg.name}[/bold]: mode={r.mode} level={r.level} alpha={r.alpha} G={r.group_size} r={r.redundancy} "
                   f"batch={r.batch_groups} groups, engine={cfg.engine.backend}, out={out_dir}")

@@ -78,3 +78,13 @@ def test_cli_reports_bad_flow(tmp_path):
     res = CliRunner().invoke(main, ["run", "flows/quickstart.yaml", "--set", "rollout.level=sideways", "--out", str(tmp_path)])
     assert res.exit_code != 0
     assert "rollout.level" in res.output and "'trajectory'" in res.output
+
+
+def test_cli_refuses_to_mix_runs_in_one_out_dir(tmp_path):
+    from click.testing import CliRunner
+
+    from rollart_dask.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    res = CliRunner().invoke(main, ["run", "flows/quickstart.yaml", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "already holds a run" in res.output and "--resume" in res.output
