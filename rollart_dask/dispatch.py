@@ -135,7 +135,7 @@ class Dispatcher:
             asyncio.ensure_future(self.client.cancel(lost))
         return len(futs)
 
-    async def submit_one(self, stage: str, fn, *args, pool: str, worker: str | None = None):
+    def submit_one(self, stage: str, fn, *args, pool: str, worker: str | None = None):
         """A single non-batched task (weights, training, control calls); returns the Dask future."""
         self.futures += 1
         return self.client.submit(fn, *args, **submit_kwargs(pool, worker, key=f"{stage}-{uuid.uuid4().hex[:12]}"))

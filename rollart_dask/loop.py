@@ -103,9 +103,9 @@ class Run:
         if not latest.exists():
             raise FileNotFoundError(f"--resume: no checkpoint under {latest.parent}")
         path = latest.read_text().strip()
-        fut = await self.d.submit_one("restore", plugins.trainer_restore, path, pool="TRAIN", worker=self.trainer)
+        fut = self.d.submit_one("restore", plugins.trainer_restore, path, pool="TRAIN", worker=self.trainer)
         self.published = await fut
-        self._weights = await self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
         await self._sync_weights()
         console.print(f"resumed from {path} at version {self.published}")
 
@@ -223,7 +223,7 @@ class Run:
         stats.update(row)
         stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
         stats["staleness"] = {str(k): v for k, v in sorted(stale.items())}
-        fut = await self.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=self.trainer)
+        fut = self.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=self.trainer)
         return fut, stats
 
     async def _finish_train(self, pending) -> dict:
@@ -233,7 +233,7 @@ class Run:
         stats["wait_train_s"] = time.perf_counter() - t0
         self.published = int(metrics["version"])
         self._train_busy_s += metrics["train_s"]
-        self._weights = await self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
         every = self.cfg.trainer.checkpoint_every
         if every and self.published % every == 0:
             await self.checkpoint(after=fut)
@@ -383,7 +383,7 @@ class Run:
     async def checkpoint(self, after=None) -> str:
         """Save an HF checkpoint of the trainer (ordered after the train future ``after``)."""
         path = self.out / "checkpoints" / f"step-{self.published}"
-        fut = await self.d.submit_one("checkpoint", plugins.trainer_checkpoint, str(path.resolve()), after, pool="TRAIN", worker=self.trainer)
+        fut = self.d.submit_one("checkpoint", plugins.trainer_checkpoint, str(path.resolve()), after, pool="TRAIN", worker=self.trainer)
         saved = await fut
         (self.out / "checkpoints" / "latest").write_text(saved)
         return saved

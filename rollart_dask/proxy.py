@@ -92,7 +92,7 @@ class LLMProxy:
         by_engine = defaultdict(list)
         for rid, addr in rids.items():
             by_engine[addr].append(rid)
-        futs = [await self.d.submit_one("abort", plugins.engine_abort, ids, pool=self.pool_of[a], worker=a) for a, ids in by_engine.items()]
+        futs = [self.d.submit_one("abort", plugins.engine_abort, ids, pool=self.pool_of[a], worker=a) for a, ids in by_engine.items()]
         if futs:
             await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
 
@@ -106,10 +106,10 @@ class LLMProxy:
         self._open.set()
 
     async def update_weights(self, version: int, weights_future) -> None:
-        futs = [await self.d.submit_one("update-weights", plugins.engine_update, version, weights_future, pool=p, worker=a) for a, p in self.pool_of.items()]
+        futs = [self.d.submit_one("update-weights", plugins.engine_update, version, weights_future, pool=p, worker=a) for a, p in self.pool_of.items()]
         await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
         self.version = version
 
     async def reset_prefix_cache(self) -> None:
-        futs = [await self.d.submit_one("reset-prefix-cache", plugins.engine_reset_prefix_cache, pool=p, worker=a) for a, p in self.pool_of.items()]
+        futs = [self.d.submit_one("reset-prefix-cache", plugins.engine_reset_prefix_cache, pool=p, worker=a) for a, p in self.pool_of.items()]
         await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)

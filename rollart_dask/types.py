@@ -1,7 +1,7 @@
 """Plain data passed between the planes. No Dask, no torch: safe to import anywhere."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -29,7 +29,6 @@ class Trajectory:
     version: int | None = None  # engine version at the first generate
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    restarts: int = 0  # times restarted after a lost env worker
 
     @property
     def success(self) -> bool:
@@ -44,9 +43,6 @@ class Trajectory:
             "turns": [{"observation": t.observation, "action": t.action, "env_reward": t.env_reward} for t in self.turns],
             "info": self.info,
         }
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

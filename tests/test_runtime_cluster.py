@@ -110,9 +110,9 @@ def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, t
                         "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
             from rollart_dask.services import plugins
 
-            tf = await run.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=run.trainer)
+            tf = run.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=run.trainer)
             metrics = await tf
-            weights = await run.d.submit_one("publish", plugins.trainer_weights, tf, pool="TRAIN", worker=run.trainer)
+            weights = run.d.submit_one("publish", plugins.trainer_weights, tf, pool="TRAIN", worker=run.trainer)
             await p.suspend()
             await p.update_weights(metrics["version"], weights)
             p.resume()
