@@ -79,6 +79,61 @@ def run(flow, overrides, scheduler, out, resume):
 
 
 @main.group()
+def envs():
+    """Environments: list them, play one by hand."""
+
+
+@envs.command("list")
+def envs_list():
+    """Registered environments and rewards (built-in, registered, and entry points)."""
+    from .registry import env_names, reward_names
+
+    for kind, table in (("env", env_names()), ("reward", reward_names())):
+        for name, target in sorted(table.items()):
+            click.echo(f"{kind:7s} {name:20s} {target if isinstance(target, str) else repr(target)}")
+
+
+@envs.command("try")
+@click.argument("name")
+@click.option("--seed", default=0, show_default=True, help="episode seed (held-out seeds start at 1000000)")
+@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE", help="env argument, e.g. --arg size=6")
+@click.option("--max-turns", default=20, show_default=True)
+def envs_try(name, seed, args, max_turns):
+    """Play env NAME by hand: type actions, see observations, rewards and info. 'q' quits."""
+    import yaml
+
+    from .registry import make_env
+
+    kwargs = {}
+    for a in args:
+        if "=" not in a:
+            raise click.BadParameter(f"{a!r}: expected KEY=VALUE", param_hint="--arg")
+        k, v = a.split("=", 1)
+        kwargs[k] = yaml.safe_load(v)
+    try:
+        env = make_env(name, **kwargs)
+    except (KeyError, TypeError, ValueError) as e:
+        raise click.ClickException(str(e))
+    obs, info = env.reset(seed=seed)
+    choices = getattr(env, "action_choices", None)
+    click.echo(f"{name} seed={seed}" + (f"  actions: {' '.join(choices)}" if choices else ""))
+    click.echo(obs)
+    total = 0.0
+    for turn in range(1, max_turns + 1):
+        action = click.prompt(f"turn {turn} action", default="q", show_default=False)
+        if action.strip().lower() == "q":
+            break
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        click.echo(obs)
+        click.echo(f"reward {reward}  total {total}  info {info}")
+        if terminated or truncated:
+            click.echo("terminated" if terminated else "truncated")
+            break
+    env.close()
+
+
+@main.group()
 def cluster():
     """The embedded local cluster."""
 

@@ -21,7 +21,23 @@ def register_reward(name: str, fn: Callable | str) -> None:
     REWARDS[name] = fn
 
 
+def _entry_points(group: str) -> dict[str, str]:
+    """Envs/rewards that other installed packages declare under the entry-point group."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=group)}
+
+
+def env_names() -> dict[str, Any]:
+    return {**_entry_points("rollart_dask.envs"), **ENVS}
+
+
+def reward_names() -> dict[str, Any]:
+    return {**_entry_points("rollart_dask.rewards"), **REWARDS}
+
+
 def _resolve(kind: str, table: dict[str, Any], name: str) -> Any:
+    table = {**_entry_points(f"rollart_dask.{kind}s"), **table}
     target = table.get(name, name if ":" in name else None)
     if target is None:
         raise KeyError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table))} (or give 'module:attr')")

@@ -59,3 +59,20 @@ def test_grpo_advantages():
     adv = grpo_advantages([1.0, 0.0, 0.0, 0.0])
     assert adv[0] > 0 and all(a < 0 for a in adv[1:]) and abs(sum(adv)) < 1e-5
     assert grpo_advantages([0.5] * 4) == [0.0] * 4
+
+
+def test_cli_envs_list_and_try():
+    from click.testing import CliRunner
+
+    from rollart_dask.cli import main
+
+    res = CliRunner().invoke(main, ["envs", "list"])
+    assert res.exit_code == 0 and "frozenlake" in res.output and "envs.frozenlake:FrozenLakeText" in res.output
+    env = FrozenLakeText()
+    env.reset(3)
+    path = env.shortest_path()
+    res = CliRunner().invoke(main, ["envs", "try", "frozenlake", "--seed", "3"], input="jump\n" + "\n".join(path) + "\n")
+    assert res.exit_code == 0, res.output
+    assert "'malformed': 1" in res.output and "reward 1.0" in res.output and "terminated" in res.output
+    res = CliRunner().invoke(main, ["envs", "try", "nope"])
+    assert res.exit_code != 0 and "unknown env 'nope'" in res.output
