@@ -6,6 +6,7 @@ can import; `register()` adds names in the current process.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable
 
@@ -21,6 +22,7 @@ def register_reward(name: str, fn: Callable | str) -> None:
     REWARDS[name] = fn
 
 
+@functools.lru_cache(maxsize=None)  # scanning installed distributions costs milliseconds: once per process
 def _entry_points(group: str) -> dict[str, str]:
     """Envs/rewards that other installed packages declare under the entry-point group."""
     from importlib.metadata import entry_points
