@@ -15,6 +15,7 @@ import time
 import torch
 
 from ..types import Completion
+from .engine_base import EngineBase
 
 
 class _ChoiceTrie:
@@ -33,27 +34,20 @@ class _ChoiceTrie:
         return [t for t in node if t is not None]
 
 
-class TorchEngine:
+class TorchEngine(EngineBase):
     def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024):
         from transformers import AutoModelForCausalLM
 
         from ..models.tiny import load_tokenizer
 
-        self.tokenizer = load_tokenizer(model_dir)
+        super().__init__(load_tokenizer(model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.version = 0
         self.max_batch = max_batch
         self.generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()  # one batch or one weight swap at a time
-        self._aborted: set[str] = set()
         self._prefix_cache: dict = {}  # prompts are short here; kept for the contract
-        self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0}
 
     # -- contract ---------------------------------------------------------------------------
-    def abort(self, request_ids: list[str]) -> int:
-        self._aborted.update(request_ids)
-        return len(request_ids)
-
     def reset_prefix_cache(self) -> int:
         n = len(self._prefix_cache)
         self._prefix_cache.clear()
@@ -76,15 +70,6 @@ class TorchEngine:
         return out
 
     # -- batched decoding -------------------------------------------------------------------
-    def _encode(self, req: dict) -> list[int]:
-        if req.get("prompt_ids") is not None:
-            return list(req["prompt_ids"])
-        return list(self._template(req["prompt"]))
-
-    @functools.lru_cache(maxsize=65536)
-    def _template(self, prompt: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=False, return_dict=False))
-
     @functools.lru_cache(maxsize=1024)
     def _trie(self, choices: tuple[str, ...]) -> _ChoiceTrie:
         return _ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices])
@@ -97,7 +82,7 @@ class TorchEngine:
             t0 = time.perf_counter()
             version, n = self.version, len(reqs)
             eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-            prompts = [self._encode(r) for r in reqs]
+            prompts = [self.encode(r) for r in reqs]
             unique: dict[tuple, int] = {}
             row = torch.tensor([unique.setdefault(tuple(p), len(unique)) for p in prompts])
             uprompts = [list(p) for p in unique]
@@ -119,6 +104,7 @@ class TorchEngine:
             logits = res.logits[:, -1, :].float()[row]
             attn, pos = attn[row], pos[row][:, -1:]
             expanded = False
+            next_tok = torch.empty(0, dtype=torch.long)  # set by step 0, fed back from step 1 on
             for step in range(max(limits)):
                 for i, r in enumerate(reqs):
                     if finish[i] is None and r["id"] in self._aborted:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..types import Completion
+from .engine_base import EngineBase
 
 
 def vllm_available() -> bool:
@@ -25,7 +26,7 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024, max_model_len: int = 512):
         # In-process engine core: works inside Dask's daemonic worker processes (PLATFORM.md).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -35,19 +36,12 @@ class VLLMEngine:
 
         from ..models.tiny import load_tokenizer
 
-        self.tokenizer = load_tokenizer(model_dir)
+        super().__init__(load_tokenizer(model_dir))
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed, max_model_len=max_model_len,
                        max_num_seqs=max_batch, enable_prefix_caching=True, logprobs_mode="processed_logprobs")
-        self.version = 0
         self.max_batch = max_batch
         self._lock = threading.Lock()
-        self._aborted: set[str] = set()
         self._weights_dir = Path(tempfile.mkdtemp(prefix="rollart-vllm-weights-"))
-        self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0}
-
-    @functools.lru_cache(maxsize=65536)
-    def _template(self, prompt: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=False, return_dict=False))
 
     @functools.lru_cache(maxsize=1024)
     def _choice_ids(self, choices: tuple[str, ...]) -> list[int]:
@@ -57,10 +51,6 @@ class VLLMEngine:
         return [i[0] for i in ids]
 
     # -- contract ---------------------------------------------------------------------------------
-    def abort(self, request_ids: list[str]) -> int:
-        self._aborted.update(request_ids)  # checked before and after each batch (cooperative)
-        return len(request_ids)
-
     def reset_prefix_cache(self) -> int:
         self.llm.reset_prefix_cache()
         return 1
@@ -84,7 +74,7 @@ class VLLMEngine:
             t0 = time.perf_counter()
             version = self.version
             live = [r for r in requests if r["id"] not in self._aborted]
-            prompts = [{"prompt_token_ids": list(r["prompt_ids"]) if r.get("prompt_ids") is not None else list(self._template(r["prompt"]))} for r in live]
+            prompts = [{"prompt_token_ids": self.encode(r)} for r in live]  # abort is checked before and after the batch
             params = []
             for r in live:
                 allowed = self._choice_ids(tuple(r["choices"])) if r.get("choices") else None
