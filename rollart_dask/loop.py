@@ -70,6 +70,7 @@ class Run:
         self.t_start = time.monotonic()
         self._train_busy_s = 0.0
         self._base_version = 0
+        self._fatal: Exception | None = None  # set by the worker monitor when the trainer or an engine is lost
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
 
     # -- set-up: resource plane + data plane ---------------------------------------------------
@@ -174,6 +175,8 @@ class Run:
     # -- the protocol ---------------------------------------------------------------------------
     async def _get_batch(self) -> list[Group]:
         while True:
+            if self._fatal:  # a lost engine or trainer: stop now rather than wait for a batch that cannot come
+                raise self._fatal
             self._carry_out(self.buffer.enforce_staleness(self.published))
             groups = self.buffer.take(self.B)
             if groups is not None:
@@ -323,7 +326,6 @@ class Run:
     async def run(self, on_step=None) -> dict:
         """Run the flow to its end; returns first/last held-out evaluations and the counts."""
         cfg = self.cfg
-        self._fatal = None
         t_start = self.t_start = time.monotonic()
         self._bg = [asyncio.ensure_future(c) for c in (self._launcher(), self._watchdog(), self._monitor())]
         try:
@@ -337,8 +339,6 @@ class Run:
             while steps_done < cfg.trainer.steps:
                 t0 = time.perf_counter()
                 groups = await self._get_batch()  # 1. Get Batch
-                if self._fatal:
-                    raise self._fatal
                 row: dict = {"get_batch_s": time.perf_counter() - t0}
                 if pending is not None:
                     self._emit(await self._finish_train(pending))  # the previous Train publishes its version

@@ -232,3 +232,33 @@ def test_vllm_engine_service_in_a_run(address, tmp_path, model_dir, run_async):
     steps = [r for r in rows if r["kind"] == "step"]
     assert backend == "vllm" and result["steps"] == 2
     assert steps[-1]["update_s"] > 0 and result["last"]["version"] == 2  # weights reached the vLLM engine in place
+
+
+def test_losing_the_engine_worker_stops_the_run_with_a_clear_error(tmp_path, model_dir, run_async):
+    cfg = load_flow(data=flow_dict(**{"trainer.steps": 50}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+
+        def on_step(r):
+            if r.published == 1:
+                addr = next(a for a, w in r.poolmap.workers.items() if w["name"] == "h800-0")
+
+                async def die():
+                    import os
+
+                    os._exit(1)
+
+                asyncio.ensure_future(client.run(die, workers=[addr], wait=False))
+
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError) as e:
+                await run.run(on_step=on_step)
+            return str(e.value), time.monotonic() - t0, run.published
+        finally:
+            await close(run, client, cluster)
+
+    msg, took, published = run_async(go(), timeout=300)
+    assert "h800-0" in msg and "--resume" in msg
+    assert published < 50 and took < 120  # stopped promptly, never waited for a batch that could not come

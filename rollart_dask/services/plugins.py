@@ -33,7 +33,6 @@ class ServicePlugin(WorkerPlugin):
     def __init__(self, pools: list[str], exclude: list[str] | None = None, **spec):
         self.pools, self.exclude, self.spec = list(pools), list(exclude or []), spec
         self.service = None
-        self.error: str | None = None
 
     def applies(self, worker) -> bool:
         res = worker.state.total_resources
@@ -45,8 +44,7 @@ class ServicePlugin(WorkerPlugin):
         try:  # heavy imports and model loads off the event loop (see PLATFORM.md)
             self.service = await asyncio.to_thread(self.build)
         except Exception:
-            self.error = traceback.format_exc()
-            log.error("rollart %s failed to start on %s:\n%s", self.kind, worker.name, self.error)
+            log.error("rollart %s failed to start on %s:\n%s", self.kind, worker.name, traceback.format_exc())
             raise
 
     def teardown(self, worker):
