@@ -21,13 +21,24 @@ from .engine_base import EngineBase
 class _ChoiceTrie:
     """Token-id prefix trie over a request's allowed completions."""
 
-    def __init__(self, choices_ids: list[list[int]]):
+    def __init__(self, choices_ids: list[list[int]], eos: int):
         self.root: dict = {}
         for ids in choices_ids:
             node = self.root
             for t in ids:
                 node = node.setdefault(t, {})
             node[None] = {}  # end marker
+        self._stop_prefixes(self.root, eos)
+
+    @classmethod
+    def _stop_prefixes(cls, node: dict, eos: int) -> None:
+        """A choice that is a prefix of another ('1' and '12') ends by an explicit EOS."""
+        for tok, child in list(node.items()):
+            if tok is not None:
+                cls._stop_prefixes(child, eos)
+        if None in node and len(node) > 1:
+            del node[None]
+            node[eos] = {None: {}}
 
     @staticmethod
     def allowed(node: dict) -> list[int]:
@@ -72,7 +83,7 @@ class TorchEngine(EngineBase):
     # -- batched decoding -------------------------------------------------------------------
     @functools.lru_cache(maxsize=1024)
     def _trie(self, choices: tuple[str, ...]) -> _ChoiceTrie:
-        return _ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices])
+        return _ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices], self.tokenizer.eos_token_id)
 
     @torch.no_grad()
     def _generate_batch(self, reqs: list[dict]) -> list[Completion]:
@@ -100,7 +111,7 @@ class TorchEngine(EngineBase):
             allowed_log = [[] if t else None for t in tries]
             finish: list[str | None] = [None] * n
             res = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)  # prefill, unique prompts
-            cache = res.cache if getattr(res, "cache", None) is not None else res.past_key_values
+            cache = res.past_key_values
             logits = res.logits[:, -1, :].float()[row]
             attn, pos = attn[row], pos[row][:, -1:]
             expanded = False
@@ -118,7 +129,7 @@ class TorchEngine(EngineBase):
                         expanded = True
                     attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype)], dim=-1)
                     pos = pos + 1
-                    res = self.model(input_ids=next_tok.unsqueeze(-1), attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+                    res = self.model(input_ids=next_tok.unsqueeze(-1), attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
                     logits = res.logits[:, -1, :].float()
                 mask = torch.zeros_like(logits, dtype=torch.bool)
                 for i in live:
