@@ -47,8 +47,11 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         run = Run(cfg, client, out, model_dir, resume=resume)
         await run.setup()
         console.print(f"engine backend: {run.engine_backend} (asked: {cfg.engine.backend})")
+        emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
+        if emulated:
+            console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
         write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": run.engine_backend, "engines": run.layout,
-                                   "scheduler": client.scheduler.address, "emulated": False})
+                                   "scheduler": client.scheduler.address, "emulated": emulated})
         result = await run.run(on_step=on_step)
         result["wall_s"] = time.monotonic() - t0
         return result

@@ -5,7 +5,7 @@ at a version, finished, failed) and carries out what it answers (launch these me
 cancel those). Tested without a cluster.
 
 Rules (DESIGN.md §6):
-- A group of size G launches G + r members; the first G to finish are kept, the rest are
+- A group of size G (per task) launches G + r members; the first G to finish are kept, the rest are
   cancelled and counted as redundant.
 - A member that fails or is aborted is replaced: from the redundant members still running,
   else by relaunching one (at most ``max_relaunch`` per group; after that the group is
@@ -28,6 +28,7 @@ class Group:
     id: str
     task: str
     seed: int
+    size: int  # G: members kept for training
     members: dict[str, str] = field(default_factory=dict)  # traj id → state
     versions: dict[str, int] = field(default_factory=dict)  # traj id → start version
     kept: list[Trajectory] = field(default_factory=list)
@@ -61,11 +62,12 @@ class SampleBuffer:
         self.dropped = 0
 
     # -- events ---------------------------------------------------------------------------
-    def open_group(self, group_id: str, task: str, seed: int) -> Orders:
-        g = Group(group_id, task, seed)
+    def open_group(self, group_id: str, task: str, seed: int, size: int | None = None) -> Orders:
+        """Open a group of ``size`` kept members (default: the buffer's G); launches size + r."""
+        g = Group(group_id, task, seed, size or self.G)
         self.groups[group_id] = g
         self.opened += 1
-        return Orders(launch=[self._new_member(g) for _ in range(self.G + self.r)])
+        return Orders(launch=[self._new_member(g) for _ in range(g.size + self.r)])
 
     def started(self, traj_id: str, version: int) -> None:
         g = self._group_of(traj_id)
@@ -82,7 +84,7 @@ class SampleBuffer:
         g.kept.append(traj)
         self.counts["finished"] += 1
         orders = Orders()
-        if len(g.kept) == self.G:
+        if len(g.kept) == g.size:
             for t in g.running():
                 g.members[t] = CANCELLED
                 orders.cancel.append(t)
@@ -114,7 +116,7 @@ class SampleBuffer:
                     g.kept = [k for k in g.kept if k.id != t]
                     self.counts["evicted_stale"] += 1
                 g.members[t] = STALE
-            if g.id in self.complete and len(g.kept) < self.G:
+            if g.id in self.complete and len(g.kept) < g.size:
                 self.complete.remove(g.id)
             orders.extend(self._refill(g))
         return orders
@@ -151,7 +153,7 @@ class SampleBuffer:
         return g.id, tid
 
     def _refill(self, g: Group) -> Orders:
-        need = self.G - len(g.kept) - len(g.running())
+        need = g.size - len(g.kept) - len(g.running())
         if need <= 0:
             return Orders()
         if g.relaunches + need > self.max_relaunch:

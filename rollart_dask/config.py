@@ -81,6 +81,18 @@ class TaskConfig(Strict):
     weight: float = Field(1.0, gt=0, description="sampling weight among tasks")
     max_turns: int = Field(8, ge=1)
     max_tokens: int = Field(16, ge=1, description="token budget per turn")
+    token_budget: int | None = Field(None, ge=1, description="response tokens per trajectory; reaching it ends the trajectory (truncated)")
+    group_size: int | None = Field(None, ge=1, description="GRPO group size for this task (default: rollout.group_size)")
+    env_concurrency: int | None = Field(None, ge=1, description="most live envs of this task per env worker (None: no limit)")
+    inject: dict[str, Any] | None = Field(None, description="EMULATED env latency/failure injection for ablations (see envs/inject.py)")
+
+    @model_validator(mode="after")
+    def _inject_spec(self):
+        if self.inject is not None:
+            from envs.inject import parse_spec
+
+            parse_spec(self.inject)  # a bad spec fails at load time, naming its key
+        return self
 
 
 class RolloutConfig(Strict):

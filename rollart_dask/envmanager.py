@@ -46,6 +46,9 @@ class EnvManager:
         self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
         self.env_workers = list(env_workers)
         self.envs_on: Counter = Counter({a: 0 for a in env_workers})
+        self.envs_of: Counter = Counter()  # (worker, task) → live envs, for per-task env_concurrency
+        self.envs_peak: Counter = Counter()  # task → most live envs seen on one worker
+        self._freed = asyncio.Event()  # an env slot was freed or a worker joined
         self.stage: dict[str, str] = {}  # trajectory id → stage it is in (for the watchdog)
         self.where: dict[str, str] = {}  # trajectory id → env worker
         self.counts: Counter = Counter()
@@ -59,18 +62,26 @@ class EnvManager:
         if address not in self.env_workers:
             self.env_workers.append(address)
             self.envs_on[address] = 0
+            self._freed.set()
 
-    def _place(self) -> str:
-        if not self.env_workers:
-            raise WorkerLost("no env worker left in pool CPU")
-        return min(self.env_workers, key=lambda a: self.envs_on[a])
+    async def _place(self, task: TaskConfig) -> str:
+        """The least-loaded env worker with a free slot for this task (waits while all are full)."""
+        limit = task.env_concurrency
+        while True:
+            if not self.env_workers:
+                raise WorkerLost("no env worker left in pool CPU")
+            free = [a for a in self.env_workers if limit is None or self.envs_of[a, task.name] < limit]
+            if free:
+                return min(free, key=lambda a: self.envs_on[a])
+            self._freed.clear()
+            await self._freed.wait()
 
     async def _env(self, stage: str, fn, item: dict, worker: str, retries: int):
         for attempt in range(retries + 1):
             if worker not in self.env_workers:
                 raise WorkerLost(f"env worker {worker} left the cluster")
             try:
-                return await self.d.call(stage, fn, item, pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
+                return await self.d.call(stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
             except (CallFailed, TimeoutError):
                 self.counts[f"{stage}_errors"] += 1
                 if attempt == retries:
@@ -79,28 +90,45 @@ class EnvManager:
     async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, greedy: bool = False, on_start=None) -> Trajectory:
         """Play one trajectory to its end and score it. Raises on failure; the caller counts it."""
         tid = traj.id
-        worker = self._place()
-        self.envs_on[worker] += 1
-        self.where[tid] = worker
         in_barrier = barrier is not None
+        self.stage[tid] = "env-wait"
+        try:
+            worker = await self._place(task)
+        except BaseException:
+            self.stage.pop(tid, None)
+            if in_barrier:
+                barrier.leave()
+            raise
+        self.envs_on[worker] += 1
+        self.envs_of[worker, task.name] += 1
+        self.envs_peak[task.name] = max(self.envs_peak[task.name], self.envs_of[worker, task.name])
+        self.where[tid] = worker
         try:
             self.stage[tid] = "env-reset"
-            reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed}
+            reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed, "inject": task.inject,
+                     "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0"}
             obs, info = await self._env("env-reset", plugins.env_reset_batch, reset, worker, self.rollout.retries)
             choices = info.get("action_choices") if self.engine.constrained else None
             final_info: dict = {}
+            budget = task.token_budget
+            term = False
             for turn in range(task.max_turns):
+                if budget is not None and budget <= 0:
+                    break  # token budget spent: truncated
                 if in_barrier:
                     self.stage[tid] = "barrier"
                     await barrier.wait()
                 self.stage[tid] = "generate"
-                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, task.max_tokens, 0.0 if greedy else self.engine.temperature)
+                max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
+                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature)
+                if budget is not None:
+                    budget -= len(c.token_ids)
                 if traj.version is None:
                     traj.version = c.version
                     if on_start is not None:
                         on_start(tid, c.version)
                 self.stage[tid] = "env-step"
-                last = turn == task.max_turns - 1
+                last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
                 # env.step is not idempotent: no retry (a failed step fails the trajectory)
                 nobs, r, term, trunc, final_info = await self._env("env-step", plugins.env_step_batch, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
                 traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
@@ -128,6 +156,8 @@ class EnvManager:
             self.where.pop(tid, None)
             if worker in self.envs_on:
                 self.envs_on[worker] -= 1
+            self.envs_of[worker, task.name] -= 1
+            self._freed.set()
             self.proxy.forget(tid)
 
     async def _reward(self, task: TaskConfig, traj: Trajectory) -> dict:

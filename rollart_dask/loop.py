@@ -119,7 +119,10 @@ class Run:
         task = self.rng.choices(names, weights=[self.tasks[n].weight for n in names])[0]
         gid = f"g{self.buffer.opened}-{uuid.uuid4().hex[:6]}"
         seed = self.rng.randrange(0, self.cfg.eval.start_seed)
-        self._carry_out(self.buffer.open_group(gid, task, seed), barrier)
+        size = self.tasks[task].group_size or self.G
+        if barrier is not None:
+            barrier.parties += size + self.cfg.rollout.redundancy
+        self._carry_out(self.buffer.open_group(gid, task, seed, size), barrier)
         return gid
 
     async def _launcher(self) -> None:
@@ -129,7 +132,7 @@ class Run:
                 while self.buffer.admitted < self._limit() and not self._stopping:
                     self._open_group(None)
             elif self._wave_done() and self.buffer.admitted + self.B <= self._limit():
-                barrier = TurnBarrier(self.B * (self.G + self.cfg.rollout.redundancy))
+                barrier = TurnBarrier(0)  # each opened group adds its members
                 self._wave = [self._open_group(barrier) for _ in range(self.B)]
             self._wake_launcher.clear()
             await self._wake_launcher.wait()
@@ -206,18 +209,28 @@ class Run:
     def _samples(self, groups: list[Group]) -> tuple[list[dict], dict]:
         adv_fn = ADVANTAGES["grpo"]
         samples, rewards, varied, success = [], [], 0, []
+        per_task: dict[str, dict] = {}
         for g in groups:
             rs = [t.reward for t in g.kept]
             advs = adv_fn(rs)
             varied += int(any(a != 0 for a in advs))
             rewards += rs
+            pt = per_task.setdefault(g.task, {"groups": 0, "trajectories": 0, "reward_sum": 0.0, "success_sum": 0.0, "turns": 0})
+            pt["groups"] += 1
             for traj, a in zip(g.kept, advs):
                 success.append(float(traj.success))
+                pt["trajectories"] += 1
+                pt["reward_sum"] += traj.reward
+                pt["success_sum"] += float(traj.success)
+                pt["turns"] += len(traj.turns)
                 for turn in traj.turns:
                     samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
                                     "allowed_ids": turn.allowed_ids, "advantage": a})
         stats = {"reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
-                 "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards)}
+                 "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards),
+                 "tasks": {name: {"groups": pt["groups"], "trajectories": pt["trajectories"], "reward_mean": pt["reward_sum"] / pt["trajectories"],
+                                  "success": pt["success_sum"] / pt["trajectories"], "turns_per_traj": pt["turns"] / pt["trajectories"]}
+                           for name, pt in per_task.items()}}
         return samples, stats
 
     async def _train(self, groups: list[Group], row: dict):

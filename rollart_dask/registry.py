@@ -10,8 +10,21 @@ import functools
 import importlib
 from typing import Any, Callable
 
-ENVS: dict[str, Any] = {"frozenlake": "envs.frozenlake:FrozenLakeText"}
-REWARDS: dict[str, Any] = {"frozenlake": "rewards.frozenlake:reward"}
+ENVS: dict[str, Any] = {
+    "frozenlake": "envs.frozenlake:FrozenLakeText",
+    "sokoban": "envs.sokoban:SokobanText",
+    "math": "envs.reasoning:MathEnv",
+    "code": "envs.code_sandbox:CodeSandboxEnv",
+    "gym": "envs.adapters:GymnasiumText",
+    "textarena": "envs.adapters:TextArenaEnv",
+}
+REWARDS: dict[str, Any] = {
+    "frozenlake": "rewards.frozenlake:reward",
+    "sokoban": "rewards.sokoban:reward",
+    "math": "rewards.reasoning:reward",
+    "code": "rewards.code:reward",
+    "env_return": "rewards.env_return:reward",
+}
 
 
 def register_env(name: str, factory: Callable | str) -> None:

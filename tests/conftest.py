@@ -49,3 +49,35 @@ def run_async():
         return asyncio.run(asyncio.wait_for(coro, timeout))
 
     return runner
+
+
+@pytest.fixture(scope="session")
+def address():
+    """One local cluster with every pool for the runtime tests, reached by address (the attach path)."""
+    from distributed import Client, SpecCluster
+
+    from rollart_dask.cluster import cluster_spec
+    from rollart_dask.config import load_flow
+
+    spec = cluster_spec(load_flow(data=flow_dict()).cluster)
+    with SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], silence_logs=40) as cluster:
+        with Client(cluster) as c:
+            c.wait_for_workers(len(spec["workers"]), timeout=120)
+        yield cluster.scheduler_address
+
+
+async def start_run(cfg, out, model_dir):
+    from rollart_dask.cluster import connect
+    from rollart_dask.loop import Run
+
+    client, cluster = await connect(cfg.cluster)
+    run = Run(cfg, client, out, model_dir)
+    await run.setup()
+    return run, client, cluster
+
+
+async def close(run, client, cluster):
+    await run.stop()
+    await client.close()
+    if cluster is not None:
+        await cluster.close()

@@ -1,45 +1,20 @@
 """The runtime on a real local Dask cluster with pool resources (Nanny workers, CPU only).
 
-One cluster is shared by the tests of this module and reached by address, which is also the
-`--scheduler` attach path. Tests that break workers start their own.
+One cluster is shared by the test modules (the session fixture ``address``) and reached by
+address, which is also the `--scheduler` attach path. Tests that break workers start their own.
 """
 import asyncio
 import time
 
 import pytest
-from distributed import Client, SpecCluster
 
-from rollart_dask.cluster import cluster_spec, connect
+from rollart_dask.cluster import connect
 from rollart_dask.config import load_flow
 from rollart_dask.loop import Run
 from rollart_dask.pools import PoolError
-from tests.conftest import flow_dict
+from tests.conftest import close, flow_dict, start_run
 
 POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "serverless-0": "SERVERLESS"}
-
-
-@pytest.fixture(scope="module")
-def address():
-    cfg = load_flow(data=flow_dict())
-    spec = cluster_spec(cfg.cluster)
-    with SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], silence_logs=40) as cluster:
-        with Client(cluster) as c:
-            c.wait_for_workers(len(spec["workers"]), timeout=120)
-        yield cluster.scheduler_address
-
-
-async def start_run(cfg, tmp_path, model_dir):
-    client, cluster = await connect(cfg.cluster)
-    run = Run(cfg, client, tmp_path, model_dir)
-    await run.setup()
-    return run, client, cluster
-
-
-async def close(run, client, cluster):
-    await run.stop()
-    await client.close()
-    if cluster is not None:
-        await cluster.close()
 
 
 def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):

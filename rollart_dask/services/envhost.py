@@ -5,9 +5,18 @@ to the worker that reset it. An env is closed when its episode ends.
 """
 from __future__ import annotations
 
+import functools
+import json
 import time
 
+from envs.inject import Injected, parse_spec
+
 from ..registry import make_env
+
+
+@functools.lru_cache(maxsize=64)
+def _spec(spec_json: str):
+    return parse_spec(json.loads(spec_json))  # validated once per worker, not per reset
 
 
 class EnvHost:
@@ -19,7 +28,11 @@ class EnvHost:
         t0 = time.perf_counter()
         self.close(item["traj_id"])
         env = make_env(item["env"], **item.get("env_args", {}))
-        obs, info = env.reset(seed=item["seed"])
+        if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
+            env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
+            obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{item.get('attempt', 0)}")
+        else:
+            obs, info = env.reset(seed=item["seed"])
         self.envs[item["traj_id"]] = env
         info = dict(info)
         info["action_choices"] = list(getattr(env, "action_choices", None) or [])
