@@ -29,16 +29,21 @@ def extract_answer(text: str) -> str | None:
     return numbers[-1].replace(",", "") if numbers else None
 
 
-@functools.lru_cache(maxsize=32)
-def _dataset(name: str, args_json: str, dataset_seed: int):
+BLOCK = 1000  # entries per cached dataset object: some generators precompute per-entry state at creation
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset(name: str, args_json: str, block_seed: int):
     import reasoning_gym
 
-    # Entries are generated on demand from Random(dataset_seed + index): size only bounds iteration.
-    return reasoning_gym.create_dataset(name, seed=dataset_seed, size=2**31 - 1 - dataset_seed, **json.loads(args_json))
+    return reasoning_gym.create_dataset(name, seed=block_seed, size=BLOCK, **json.loads(args_json))
 
 
 def get_entry(dataset: str, dataset_args: dict, dataset_seed: int, seed: int) -> dict:
-    return _dataset(dataset, json.dumps(dataset_args, sort_keys=True), dataset_seed)[seed]
+    """Entry ``seed``: reasoning-gym draws entry i of a dataset seeded s from Random(s + i), so the
+    block holding ``seed`` gives the same entry as one dataset of every seed would."""
+    block = seed - seed % BLOCK
+    return _dataset(dataset, json.dumps(dataset_args, sort_keys=True), dataset_seed + block)[seed - block]
 
 
 def score(dataset: str, answer: str | None, entry: dict) -> float:
