@@ -134,6 +134,52 @@ def envs_try(name, seed, args, max_turns):
 
 
 @main.group()
+def rewards():
+    """Rewards as AWS Lambda functions: a local endpoint, and deploy to it or to AWS."""
+
+
+@rewards.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="bind address (off loopback a token is required)")
+@click.option("--port", default=9001, show_default=True)
+@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="shared secret: requests must be SigV4-signed with it as the secret key")
+@click.option("--keep-warm-s", default=300.0, show_default=True, help="idle execution environments retire after this (scale to zero)")
+@click.option("--default-concurrency", default=None, type=int, help="per-function limit without reserved concurrency (default 2 x CPUs)")
+@click.option("--state-dir", default=None, type=click.Path(file_okay=False), help="functions, code and logs (default ~/.cache/rollart-dask/lambda)")
+def rewards_serve(host, port, token, keep_warm_s, default_concurrency, state_dir):
+    """Run the local Lambda-compatible endpoint (Invoke, Create/Update/Get/DeleteFunction, concurrency)."""
+    from .serverless import serve
+
+    click.echo(f"Lambda API on http://{host}:{port}  (boto3: endpoint_url='http://{host}:{port}')", err=True)
+    try:
+        serve(host=host, port=port, token=token, keep_warm_s=keep_warm_s, default_concurrency=default_concurrency, state_dir=state_dir)
+    except ValueError as e:
+        raise click.ClickException(str(e))
+
+
+@rewards.command("deploy")
+@click.argument("reward")
+@click.option("--function", "function_name", default=None, help="Lambda function name (default rollart-reward-REWARD)")
+@click.option("--endpoint-url", default=None, help="a local endpoint (http://127.0.0.1:9001); omit for AWS Lambda")
+@click.option("--region", default="us-east-1", show_default=True)
+@click.option("--role-arn", default=None, help="execution role (required by AWS)")
+@click.option("--timeout", default=30, show_default=True, help="function timeout, seconds")
+@click.option("--memory", default=512, show_default=True, help="MB")
+@click.option("--concurrency", default=None, type=int, help="reserved concurrency (the function's limit)")
+@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="the endpoint's token, when it has one")
+def rewards_deploy(reward, function_name, endpoint_url, region, role_arn, timeout, memory, concurrency, token):
+    """Package REWARD (a registered name like 'math', or a module) and create or update its function."""
+    from .serverless import deploy, make_lambda_client
+
+    name = function_name or f"rollart-reward-{reward.replace('.', '-').replace(':', '-').replace('_', '-')}"
+    client = make_lambda_client(endpoint_url, region=region, token=token)
+    try:
+        out = deploy(name, reward, client, role_arn=role_arn, timeout=timeout, memory=memory, concurrency=concurrency)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e))
+    click.echo(f"{out['action']} {out['function_arn']} (code sha256 {out['code_sha256']})")
+
+
+@main.group()
 def cluster():
     """The embedded local cluster."""
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-POOLS = ("H800", "H20", "CPU", "SERVERLESS", "TRAIN")
+POOLS = ("H800", "H20", "CPU", "SERVERLESS", "TRAIN", "REWARD")
 
 
 class Strict(BaseModel):
@@ -19,7 +19,7 @@ class Strict(BaseModel):
 
 class WorkerSpec(Strict):
     name: str = Field(description="worker name in the embedded cluster")
-    pools: list[Literal["H800", "H20", "CPU", "SERVERLESS", "TRAIN"]] = Field(description="pool tags (Dask resources)")
+    pools: list[Literal["H800", "H20", "CPU", "SERVERLESS", "TRAIN", "REWARD"]] = Field(description="pool tags (Dask resources)")
     nthreads: int = Field(1, ge=1, description="Dask task threads")
     torch_threads: int = Field(1, ge=1, description="OMP/torch threads inside the worker process")
 
@@ -30,7 +30,7 @@ def _default_workers() -> list[WorkerSpec]:
         WorkerSpec(name="h800-0", pools=["H800"], nthreads=2),
         WorkerSpec(name="h20-0", pools=["H20"], nthreads=2),
         WorkerSpec(name="cpu-0", pools=["CPU"], nthreads=2),
-        WorkerSpec(name="serverless-0", pools=["SERVERLESS"], nthreads=2),
+        WorkerSpec(name="reward-0", pools=["SERVERLESS", "REWARD"], nthreads=2),
     ]
 
 
@@ -84,6 +84,7 @@ class TaskConfig(Strict):
     token_budget: int | None = Field(None, ge=1, description="response tokens per trajectory; reaching it ends the trajectory (truncated)")
     group_size: int | None = Field(None, ge=1, description="GRPO group size for this task (default: rollout.group_size)")
     env_concurrency: int | None = Field(None, ge=1, description="most live envs of this task per env worker (None: no limit)")
+    eval_seeds: int | None = Field(None, ge=1, description="held-out seeds for this task (default: eval.seeds)")
     inject: dict[str, Any] | None = Field(None, description="EMULATED env latency/failure injection for ablations (see envs/inject.py)")
 
     @model_validator(mode="after")
@@ -134,7 +135,25 @@ class TrainerConfig(Strict):
     clip: float = Field(0.2, gt=0, description="PPO ratio clip ε")
     entropy_coef: float = Field(0.05, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per micro-batch (samples sorted by length; gradients accumulate)")
     checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
+
+
+class RewardConfig(Strict):
+    mode: Literal["local", "serverless"] = Field("local", description="local: reward functions run on a dedicated worker (pool REWARD, the "
+                                                  "paper's baseline); serverless: SERVERLESS-pool tasks invoke them through the AWS Lambda API (boto3)")
+    endpoint_url: str | None = Field(None, description="serverless: Lambda endpoint; None = start the local endpoint on 127.0.0.1 for the run; "
+                                                        "'aws' = AWS Lambda with the standard credential chain")
+    region: str = "us-east-1"
+    function_prefix: str = Field("rollart-reward-", description="serverless: function name = prefix + reward name")
+    deploy: bool = Field(True, description="serverless: create or update each task's reward function before the run")
+    role_arn: str | None = Field(None, description="serverless on AWS: the functions' execution role")
+    function_timeout_s: int = Field(30, ge=1, description="serverless: the function's Timeout")
+    memory_mb: int = Field(512, ge=128)
+    concurrency: int | None = Field(None, ge=1, description="serverless: reserved concurrency per function (over it: throttled, retried)")
+    keep_warm_s: float = Field(60, gt=0, description="local endpoint: idle execution environments retire after this")
+    invoke_retries: int = Field(6, ge=0, description="serverless: retries with backoff and jitter on throttles, 5xx and timeouts")
+    invoke_threads: int = Field(16, ge=1, description="serverless: concurrent invocations per reward caller task")
 
 
 class WeightsConfig(Strict):
@@ -163,6 +182,7 @@ class FlowConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
 

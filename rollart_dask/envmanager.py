@@ -42,8 +42,11 @@ class TurnBarrier:
 
 
 class EnvManager:
-    def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig):
+    def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig,
+                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None):
         self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
+        self.reward_pool = reward_pool
+        self.reward_functions = reward_functions or {}  # reward name → deployed function (serverless)
         self.env_workers = list(env_workers)
         self.envs_on: Counter = Counter({a: 0 for a in env_workers})
         self.envs_of: Counter = Counter()  # (worker, task) → live envs, for per-task env_concurrency
@@ -161,10 +164,10 @@ class EnvManager:
             self.proxy.forget(tid)
 
     async def _reward(self, task: TaskConfig, traj: Trajectory) -> dict:
-        item = {"reward": task.reward, "trajectory": traj.for_reward()}
+        item = {"reward": task.reward, "function": self.reward_functions.get(task.reward), "trajectory": traj.for_reward()}
         for attempt in range(self.rollout.retries + 1):
             try:
-                return await self.d.call("reward", plugins.reward_batch, item, pool="SERVERLESS", timeout=self.rollout.reward_timeout_s)
+                return await self.d.call("reward", plugins.reward_batch, item, pool=self.reward_pool, timeout=self.rollout.reward_timeout_s)
             except (CallFailed, TimeoutError):
                 self.counts["reward_errors"] += 1
                 if attempt == self.rollout.retries:

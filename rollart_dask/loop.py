@@ -23,14 +23,15 @@ from .config import FlowConfig, TaskConfig, resolve_engine_backend, task_pool
 from .dispatch import Dispatcher, WorkerLost
 from .envmanager import EnvManager, TurnBarrier
 from .observe import MetricsWriter, console
-from .pools import ENGINE_POOLS, PoolMap
+from .pools import ENGINE_POOLS, REWARD_POOL, PoolMap
+from .reward_plane import RewardPlane
 from .proxy import LLMProxy, TrajectoryCancelled
 from .services import plugins
 from .types import Trajectory
 
 
 def needed_pools(cfg: FlowConfig) -> dict[str, str]:
-    need = {"TRAIN": "trainer", "CPU": "env hosts", "SERVERLESS": "reward runner"}
+    need = {"TRAIN": "trainer", "CPU": "env hosts", REWARD_POOL[cfg.reward.mode]: f"reward ({cfg.reward.mode})"}
     for t in cfg.tasks:
         pool = task_pool(t)
         if pool:
@@ -84,16 +85,21 @@ class Run:
         tr = self.cfg.trainer
         md = str(self.model_dir)
         await self.client.register_plugin(plugins.EnvHostPlugin(["CPU"]), name=plugins.ENVHOST)
-        await self.client.register_plugin(plugins.RewardPlugin(["SERVERLESS"]), name=plugins.REWARD)
+        self.rewards = RewardPlane(self.cfg, self.out)
+        self.reward_pool = self.rewards.pool
+        reward_spec = await self.rewards.start()
+        await self.client.register_plugin(plugins.RewardPlugin([self.reward_pool], **reward_spec), name=plugins.REWARD)
         self.engine_backend = resolve_engine_backend(self.cfg.engine)
         await self.client.register_plugin(plugins.EnginePlugin(pools, exclude=["TRAIN"], model_dir=md, seed=self.cfg.seed, max_batch=self.cfg.engine.max_batch,
                                                                backend=self.engine_backend), name=plugins.ENGINE)
         await self.client.register_plugin(
             plugins.TrainerPlugin(["TRAIN"], model_dir=md, lr=tr.lr, weight_decay=tr.weight_decay, clip=tr.clip, entropy_coef=tr.entropy_coef,
-                                  max_grad_norm=tr.max_grad_norm, temperature=self.cfg.engine.temperature, seed=self.cfg.seed),
+                                  max_grad_norm=tr.max_grad_norm, temperature=self.cfg.engine.temperature, seed=self.cfg.seed,
+                                  micro_batch_tokens=tr.micro_batch_tokens),
             name=plugins.TRAINER)
         self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s)
-        self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine)
+        self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine,
+                             reward_pool=self.reward_pool, reward_functions=self.rewards.functions)
         self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
         if self.resume:
             await self._restore()
@@ -260,15 +266,22 @@ class Run:
     async def evaluate(self) -> dict:
         """Greedy on the fixed held-out seeds of every task, at the engines' current version."""
         version = self.proxy.version
-        out = {}
-        for task in self.cfg.tasks:
-            seeds = range(self.cfg.eval.start_seed, self.cfg.eval.start_seed + self.cfg.eval.seeds)
+        t0 = time.monotonic()
+
+        async def one(task: TaskConfig) -> dict:
+            n = task.eval_seeds or self.cfg.eval.seeds
+            seeds = range(self.cfg.eval.start_seed, self.cfg.eval.start_seed + n)
             trajs = [Trajectory(id=f"eval-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
             results = await asyncio.gather(*(self.em.run(t, task, greedy=True) for t in trajs), return_exceptions=True)
             ok = [r for r in results if isinstance(r, Trajectory)]
-            succ = [float(t.success) for t in ok]
-            out[task.name] = {"success": sum(succ) / len(trajs), "failed_calls": len(trajs) - len(ok)}
-        row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start}
+            return {"success": sum(float(t.success) for t in ok) / n, "reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
+                    "failed_calls": n - len(ok), "seeds": n, "seconds": round(time.monotonic() - t0, 2)}
+
+        # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
+        results = await asyncio.gather(*(one(task) for task in self.cfg.tasks))
+        out = {task.name: r for task, r in zip(self.cfg.tasks, results)}
+        row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start,
+               "eval_s": time.monotonic() - t0}
         self.history.append(row)
         self.metrics.write(row)
         return out
@@ -327,9 +340,10 @@ class Run:
         busy: Counter = Counter()
         holders: Counter = Counter()
         flat = {}
+        self._reward_stats = [services[plugins.REWARD] for services in stats.values() if plugins.REWARD in services]
         for addr, services in stats.items():
             for service, st in services.items():
-                pool = {plugins.ENVHOST: "CPU", plugins.REWARD: "SERVERLESS"}.get(service) or self.proxy.pool_of.get(addr, "?")
+                pool = {plugins.ENVHOST: "CPU", plugins.REWARD: self.reward_pool}.get(service) or self.proxy.pool_of.get(addr, "?")
                 flat[(addr, service)] = st["busy_s"]
                 busy[pool] += st["busy_s"] - (prev or {}).get((addr, service), 0.0)
                 holders[pool] += 1
@@ -359,6 +373,7 @@ class Run:
                 now = time.monotonic()
                 prev_busy, busy = await self.pool_busy(prev_busy, now - t_prev)
                 tokens = sum(len(t.response_ids) for g in groups for tr in g.kept for t in tr.turns)
+                row["reward"] = self.rewards.step_stats(self._reward_stats, now - t_prev, len(self._reward_stats))
                 row.update(pool_busy=busy, tokens_per_s=tokens / max(now - t_prev, 1e-9), elapsed_s=now - t_start,
                            buffer=dict(self.buffer.counts), futures=self.d.futures, calls=self.d.calls, reissued=self.proxy.reissued,
                            stage_latency=self.d.drain_stats())
@@ -411,3 +426,5 @@ class Run:
             t.cancel()
         await asyncio.gather(*self._bg, *members, return_exceptions=True)
         self.metrics.close()
+        if getattr(self, "rewards", None) is not None:
+            await asyncio.to_thread(self.rewards.close)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POOLS = ("H800", "H20", "CPU", "SERVERLESS", "TRAIN")
-STAGE_POOL = {"prefill": "H800", "decode": "H20", "env": "CPU", "reward": "SERVERLESS", "train": "TRAIN"}
+POOLS = ("H800", "H20", "CPU", "SERVERLESS", "TRAIN", "REWARD")
+# reward.mode picks the reward pool: serverless → SERVERLESS (boto3 callers), local → REWARD (a dedicated worker)
+STAGE_POOL = {"prefill": "H800", "decode": "H20", "env": "CPU", "train": "TRAIN"}
+REWARD_POOL = {"serverless": "SERVERLESS", "local": "REWARD"}
 ENGINE_POOLS = ("H800", "H20")
 TAG_CAPACITY = 1_000_000
 
@@ -53,8 +55,8 @@ class PoolMap:
         return sorted(a for a, w in self.workers.items() if pool in w["resources"])
 
     def engine_workers(self, pool: str) -> list[str]:
-        """Engines live on the pool's workers, never in the trainer's process."""
-        return [a for a in self.members(pool) if "TRAIN" not in self.workers[a]["resources"]]
+        """Engines live on the pool's workers, never in the trainer's or the dedicated reward worker's process."""
+        return [a for a in self.members(pool) if not {"TRAIN", "REWARD"} & set(self.workers[a]["resources"])]
 
     def name(self, address: str) -> str:
         return str(self.workers.get(address, {}).get("name", address))

@@ -24,7 +24,7 @@ def flow_dict(**over) -> dict:
             {"name": "h20-0", "pools": ["H20"], "nthreads": 2},
             {"name": "cpu-0", "pools": ["CPU"], "nthreads": 2},
             {"name": "cpu-1", "pools": ["CPU"], "nthreads": 2},
-            {"name": "serverless-0", "pools": ["SERVERLESS"], "nthreads": 1},
+            {"name": "reward-0", "pools": ["SERVERLESS", "REWARD"], "nthreads": 1},
         ]},
         "model": {"kind": "tiny", "hidden_size": 64, "layers": 1, "heads": 2, "intermediate_size": 128},
         "engine": {"backend": "torch"},

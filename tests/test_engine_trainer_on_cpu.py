@@ -113,3 +113,18 @@ def test_engine_logprobs_equal_trainer_logprobs_for_multi_token_batches(model_di
             logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
             logp, _ = masked_logprobs_and_entropy(logits, targets, allowed, 1.0)
         assert torch.allclose(logp[mask], old[mask], atol=1e-4), (logp[mask] - old[mask]).abs().max()
+
+
+def test_micro_batches_give_the_same_update_as_one_batch(model_dir, engine):
+    """Length-sorted micro-batches with token-weighted accumulation are the same token-level loss."""
+    prompts = ["SFFF\nFPFH\nFFFH\nHFFG", "Calculate 3 - 5.", "a much longer prompt that pads everyone else " * 3]
+    comps = engine.generate([req(i, prompt=prompts[i % 3], choices=None, max_tokens=3) for i in range(24)])
+    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": None,
+                "advantage": (-1.0) ** i} for i, c in enumerate(comps)]
+    one = TorchTrainer(str(model_dir), lr=1e-2, micro_batch_tokens=10**9)
+    many = TorchTrainer(str(model_dir), lr=1e-2, micro_batch_tokens=64)
+    assert len(many.micro_batches(samples)) > 2 and len(one.micro_batches(samples)) == 1
+    a, b = one.train_step(samples), many.train_step(samples)
+    assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
+    for (k, p), q in zip(one.model.named_parameters(), many.model.parameters()):  # gradients (Adam's first step is ~sign(g))
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), k

@@ -322,3 +322,23 @@ def test_non_loopback_bind_requires_token(tmp_path, monkeypatch):
         assert e.value.code in (401, 403)
         stats = ep.stats()  # the handle sends the bearer token
         assert stats["functions"]["fl"]["invocations"] == 1 and stats["auth_failures"] >= 4
+
+
+def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
+    """`rollart rewards deploy` packages a registered reward and creates (then updates) it on the endpoint."""
+    from click.testing import CliRunner
+
+    from rollart_dask.cli import main
+    from rewards.frozenlake import reward
+
+    runner = CliRunner()
+    first = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url])
+    assert first.exit_code == 0, first.output
+    assert first.output.startswith("created ") and "rollart-reward-frozenlake" in first.output
+    again = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url])
+    assert again.exit_code == 0 and again.output.split()[0] in ("unchanged", "updated")
+    traj = {"task": "frozenlake", "seed": 1, "turns": [], "info": {"success": True, "malformed": 1}}
+    result, _ = invoke_reward(client, "rollart-reward-frozenlake", traj)
+    assert result == reward(traj)
+    bad = runner.invoke(main, ["rewards", "deploy", "no_such_reward", "--endpoint-url", endpoint.url])
+    assert bad.exit_code != 0 and "no_such_reward" in bad.output

@@ -14,7 +14,7 @@ from rollart_dask.loop import Run
 from rollart_dask.pools import PoolError
 from tests.conftest import close, flow_dict, start_run
 
-POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "serverless-0": "SERVERLESS"}
+POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "reward-0": "REWARD"}
 
 
 def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
@@ -34,7 +34,7 @@ def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
 
     result, stream, names = run_async(go())
     assert result["steps"] == 2
-    expected = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"serverless-0"},
+    expected = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"reward-0"},
                 "train": {"train-0"}, "publish": {"train-0"}, "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
     seen: dict[str, set] = {}
     for rec in stream:
@@ -47,7 +47,7 @@ def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
 
 def test_missing_pool_fails_fast_naming_it(tmp_path, model_dir, run_async):
     data = flow_dict()
-    data["cluster"]["workers"] = [w for w in data["cluster"]["workers"] if w["name"] not in ("serverless-0", "h800-0")]
+    data["cluster"]["workers"] = [w for w in data["cluster"]["workers"] if w["name"] not in ("reward-0", "h800-0")]
     cfg = load_flow(data=data)
 
     async def go():
@@ -62,7 +62,7 @@ def test_missing_pool_fails_fast_naming_it(tmp_path, model_dir, run_async):
             await cluster.close()
 
     msg, took = run_async(go())
-    assert "pool SERVERLESS (reward runner) has no worker" in msg
+    assert "pool REWARD (reward (local)) has no worker" in msg
     assert "pool H800 (engine for task frozenlake" in msg
     assert "train-0[H800+TRAIN]" in msg  # the trainer's H800 tag does not count as an engine
     assert took < 10

@@ -25,7 +25,7 @@ case "${1:-start}" in
     worker h800-0 "H800=$BIG" 2 1
     worker h20-0 "H20=$BIG" 2 1
     worker cpu-0 "CPU=$BIG" 2 1
-    worker serverless-0 "SERVERLESS=$BIG" 2 1
+    worker reward-0 "SERVERLESS=$BIG REWARD=$BIG" 2 1
     echo "scheduler tcp://127.0.0.1:$PORT (logs in $RUN_DIR)"
     ;;
   stop)

@@ -224,33 +224,6 @@ def invoke_reward(client, function_name: str, trajectory: dict, retries: int = 8
         stats.latency_s = time.monotonic() - t0
 
 
-async def ainvoke_reward(client, function_name: str, trajectory: dict, retries: int = 8, backoff: float = 0.05,
-                         max_backoff: float = 2.0, timeout_s: float | None = None, qualifier: str | None = None,
-                         log_tail: bool | None = None) -> tuple[dict, InvokeStats]:
-    """``invoke_reward`` for event loops: each attempt in a thread, backoff with asyncio.sleep."""
-    payload = _encode(trajectory)
-    stats = InvokeStats(function=function_name)
-    tail = _auto_tail(client, log_tail)
-    t0 = time.monotonic()
-    deadline = t0 + timeout_s if timeout_s else None
-    last = "no attempt made"
-    try:
-        for attempt in range(retries + 1):
-            stats.attempts += 1
-            try:
-                return await asyncio.to_thread(_attempt, client, function_name, payload, qualifier, tail, stats), stats
-            except _Retry as r:
-                last = r.error
-                stats.throttles += r.throttle
-                stats.errors.append(r.error)
-            if attempt == retries:
-                break
-            wait = _delay(attempt, backoff, max_backoff)
-            if deadline is not None and time.monotonic() + wait >= deadline:
-                last += f" (deadline of {timeout_s}s reached)"
-                break
-            stats.retries += 1
-            await asyncio.sleep(wait)
-        raise RewardUnavailable(function_name, last, stats)
-    finally:
-        stats.latency_s = time.monotonic() - t0
+async def ainvoke_reward(client, function_name: str, trajectory: dict, **kwargs) -> tuple[dict, InvokeStats]:
+    """``invoke_reward`` for event loops (in a thread: boto3 blocks; backoff sleeps there too)."""
+    return await asyncio.to_thread(invoke_reward, client, function_name, trajectory, **kwargs)

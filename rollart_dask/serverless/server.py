@@ -141,7 +141,7 @@ class Environment:
     def __init__(self, cfg: FunctionConfig):
         self.code_hex, self.revision = cfg.code_hex, cfg.revision
         self.proc: asyncio.subprocess.Process | None = None
-        self.last_used = time.monotonic()
+        self.born = self.last_used = time.monotonic()
         self.invocations = 0
         self.dead = False
         self.reaped: asyncio.Future | None = None
@@ -226,6 +226,7 @@ class FunctionStats:
     duration_ms: float = 0.0
     init_ms: float = 0.0
     peak_busy: int = 0
+    retired_alive_s: float = 0.0  # lifetimes of retired environments (provisioned capacity)
 
 
 class Throttled(Exception):
@@ -280,6 +281,8 @@ class FunctionPool:
 
     def _discard(self, env: Environment):
         env.kill()
+        if env in self.envs:
+            self.stats.retired_alive_s += time.monotonic() - env.born
         self.envs.discard(env)
 
     def log_fd(self) -> int:
@@ -308,7 +311,8 @@ class FunctionPool:
         self.idle.clear()
 
     def snapshot(self) -> dict:
-        return {**asdict(self.stats), "busy": self.busy, "idle": len(self.idle), "environments": len(self.envs),
+        alive_s = self.stats.retired_alive_s + sum(time.monotonic() - e.born for e in self.envs)
+        return {**asdict(self.stats), "alive_s": round(alive_s, 3), "busy": self.busy, "idle": len(self.idle), "environments": len(self.envs),
                 "pids": sorted(e.pid for e in self.envs if e.pid and not e.dead), "concurrency_limit": self.limit(),
                 "reserved_concurrency": self.cfg.reserved, "busy_timeline": list(self.timeline)}
 

@@ -87,7 +87,7 @@ class RewardPlugin(ServicePlugin):
     def build(self):
         from .reward_runner import RewardRunner
 
-        return RewardRunner()
+        return RewardRunner(**self.spec)
 
 
 class TrainerPlugin(ServicePlugin):
@@ -136,7 +136,7 @@ def env_step_batch(items: list[dict]) -> list:
 
 
 def reward_batch(items: list[dict]) -> list:
-    return _per_item(service(REWARD).score, items)
+    return service(REWARD).score_many(items)
 
 
 async def engine_abort(request_ids: list[str]) -> int:

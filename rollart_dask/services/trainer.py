@@ -18,7 +18,7 @@ from ..algo.losses import masked_logprobs_and_entropy, ppo_clip_loss
 
 class TorchTrainer:
     def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
-                 max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0):
+                 max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192):
         from transformers import AutoModelForCausalLM
 
         from ..models.tiny import load_tokenizer
@@ -30,6 +30,7 @@ class TorchTrainer:
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.clip, self.entropy_coef, self.max_grad_norm, self.temperature = clip, entropy_coef, max_grad_norm, temperature
+        self.micro_batch_tokens = micro_batch_tokens
         self.version = 0
 
     def _tensors(self, samples: list[dict]):
@@ -65,20 +66,43 @@ class TorchTrainer:
         adv = torch.tensor([float(s["advantage"]) for s in samples])
         return ids, attn, torch.tensor(row), targets, old, mask, allowed, pos_index, adv
 
+    def micro_batches(self, samples: list[dict]) -> list[list[dict]]:
+        """Samples sorted by length and cut at ``micro_batch_tokens`` padded tokens: tasks with
+        short and long prompts no longer pad each other to the longest (compute ∝ rows × width)."""
+        order = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
+        chunks: list[list[dict]] = [[]]
+        for s in order:
+            width = len(s["prompt_ids"]) + len(s["response_ids"])
+            if chunks[-1] and (len(chunks[-1]) + 1) * width > self.micro_batch_tokens:
+                chunks.append([])
+            chunks[-1].append(s)
+        return chunks
+
     def train_step(self, samples: list[dict]) -> dict:
+        """One optimizer update; gradients accumulate over micro-batches, each weighted by its
+        share of response tokens, so the loss is the token-level mean over the whole batch."""
         t0 = time.perf_counter()
-        ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(samples)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits[row]
-        logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
-        logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
-        loss, stats = ppo_clip_loss(logp, old, adv, mask, self.clip, entropy, self.entropy_coef)
+        total_tokens = sum(len(s["response_ids"]) for s in samples)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        stats: dict[str, float] = {}
+        loss_sum, rows = 0.0, 0
+        for chunk in self.micro_batches(samples):
+            ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(chunk)
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[row]
+            logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
+            logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
+            loss, chunk_stats = ppo_clip_loss(logp, old, adv, mask, self.clip, entropy, self.entropy_coef)
+            w = float(mask.sum()) / max(total_tokens, 1)
+            (loss * w).backward()
+            loss_sum += loss.item() * w
+            rows += int(ids.size(0))
+            for k, v in chunk_stats.items():
+                stats[k] = stats.get(k, 0.0) + v * w
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
         self.version += 1
-        stats.update(loss=loss.item(), grad_norm=float(grad_norm), samples=len(samples), tokens=int(mask.sum()),
-                     forward_rows=int(ids.size(0)), train_s=time.perf_counter() - t0, version=self.version)
+        stats.update(loss=loss_sum, grad_norm=float(grad_norm), samples=len(samples), tokens=total_tokens,
+                     forward_rows=rows, train_s=time.perf_counter() - t0, version=self.version)
         return stats
 
     def state_dict(self) -> dict[str, torch.Tensor]:
