@@ -342,3 +342,13 @@ def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
     assert result == reward(traj)
     bad = runner.invoke(main, ["rewards", "deploy", "no_such_reward", "--endpoint-url", endpoint.url])
     assert bad.exit_code != 0 and "no_such_reward" in bad.output
+
+
+def test_relative_state_dir_serves_get_function(tmp_path, monkeypatch):
+    """A run's output dir is often relative (runs/x/lambda): GetFunction must still answer."""
+    monkeypatch.chdir(tmp_path)
+    with start_local_endpoint(state_dir="rel/lambda", keep_warm_s=5) as ep:
+        client = make_lambda_client(ep.url, timeout_s=30)
+        deploy("fl", "frozenlake", client)
+        got = client.get_function(FunctionName="fl")
+        assert got["Configuration"]["FunctionName"] == "fl" and got["Code"]["Location"].startswith("file:///")

@@ -329,7 +329,7 @@ class LocalLambda:
 
     def __init__(self, state_dir: Path, region: str = "us-east-1", keep_warm_s: float = 300.0,
                  default_concurrency: int | None = None, init_timeout_s: float = 10.0, max_event_age_s: float = 60.0):
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).resolve()  # file URIs in GetFunction need an absolute path
         self.region, self.keep_warm_s, self.init_timeout_s, self.max_event_age_s = region, keep_warm_s, init_timeout_s, max_event_age_s
         self.default_concurrency = default_concurrency or 2 * (os.cpu_count() or 1)
         self.pools: dict[str, FunctionPool] = {}
