@@ -60,6 +60,7 @@ class EnvManager:
         if address in self.env_workers:
             self.env_workers.remove(address)
             self.envs_on.pop(address, None)
+            self._freed.set()  # trajectories waiting for a slot re-place (or fail with WorkerLost)
 
     def worker_joined(self, address: str) -> None:
         if address not in self.env_workers:

@@ -109,14 +109,14 @@ def service(name: str, worker=None):
     return plugin.service
 
 
-def _per_item(fn, items: list) -> list:
-    out = []
-    for item in items:
+def _per_item(fn, items: list, map_=map) -> list:
+    def one(item):
         try:
-            out.append(("ok", fn(item)))
+            return ("ok", fn(item))
         except Exception as e:  # reported per item; the control plane decides retry/fail
-            out.append(("err", f"{type(e).__name__}: {e}"))
-    return out
+            return ("err", f"{type(e).__name__}: {e}")
+
+    return list(map_(one, items))
 
 
 # -- thin tasks ----------------------------------------------------------------------------
@@ -136,7 +136,8 @@ def env_step_batch(items: list[dict]) -> list:
 
 
 def reward_batch(items: list[dict]) -> list:
-    return service(REWARD).score_many(items)
+    runner = service(REWARD)
+    return _per_item(runner.score, items, runner.map)
 
 
 async def engine_abort(request_ids: list[str]) -> int:

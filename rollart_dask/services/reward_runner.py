@@ -44,18 +44,9 @@ class RewardRunner:
         self.stats["busy_s"] += time.perf_counter() - t0
         return out
 
-    def score_many(self, items: list[dict]) -> list:
-        """Per item ("ok", result) or ("err", message); serverless items are invoked concurrently."""
-        if self.mode != "serverless":
-            return [self._guard(self.score, item) for item in items]
-        return list(self.pool.map(lambda item: self._guard(self._invoke, item), items))
-
-    @staticmethod
-    def _guard(fn, item) -> tuple:
-        try:
-            return ("ok", fn(item))
-        except Exception as e:  # the control plane retries, then fails the trajectory visibly
-            return ("err", f"{type(e).__name__}: {e}")
+    def map(self, fn, items: list):
+        """How a batch is scored: serverless invocations run concurrently, local calls in turn."""
+        return self.pool.map(fn, items) if self.mode == "serverless" else map(fn, items)
 
     def _invoke(self, item: dict) -> dict:
         from ..serverless import RewardError, invoke_reward
