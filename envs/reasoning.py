@@ -80,5 +80,9 @@ class MathEnv:
                 "valid": answer is not None, "dataset": self.dataset, "entry": self.entry}
         return f"answer: {answer}" if answer is not None else "no answer found", s, True, False, info
 
+    def expert_action(self) -> str | None:
+        """The dataset's reference answer (demonstrations for a warm start)."""
+        return None if self.entry is None else self.entry["answer"]
+
     def close(self):
         self.entry = None

@@ -297,6 +297,11 @@ class SokobanText:
     def close(self):
         self._level = None
 
+    def expert_action(self) -> str | None:
+        """The first move of an optimal solution from here (demonstrations for a warm start)."""
+        path = self.shortest_path()
+        return path[0] if path else None
+
     # Solver for demonstrations (warm start) and tests: a shortest move sequence from the
     # current position, or None when the level can no longer be solved.
     def shortest_path(self) -> str | None:

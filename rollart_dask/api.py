@@ -51,7 +51,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         if emulated:
             console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
         write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": run.engine_backend, "engines": run.layout,
-                                   "scheduler": client.scheduler.address, "emulated": emulated})
+                                   "scheduler": client.scheduler.address, "emulated": emulated, "rewards": run.rewards.where})
         result = await run.run(on_step=on_step)
         result["wall_s"] = time.monotonic() - t0
         return result

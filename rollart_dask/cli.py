@@ -72,6 +72,8 @@ def run(flow, overrides, scheduler, out, resume):
     for task in first["eval"]:
         a, b = first["eval"][task]["success"], last["eval"][task]["success"]
         rows.append((f"held-out {task} success", f"{a:.3f} (v{first['version']}) → {b:.3f} (v{last['version']})  Δ {b - a:+.3f}"))
+    if cfg.warmstart.steps and not resume:
+        rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
     rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", result["checkpoint"])]
     rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
     console.print(summary_table(f"{cfg.name} — summary", rows))

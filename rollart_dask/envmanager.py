@@ -43,10 +43,11 @@ class TurnBarrier:
 
 class EnvManager:
     def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig,
-                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None):
+                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None, stateful_rewards=()):
         self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
         self.reward_pool = reward_pool
         self.reward_functions = reward_functions or {}  # reward name → deployed function (serverless)
+        self.stateful_rewards = set(stateful_rewards)  # rewards that need an engine: always on the REWARD pool
         self.env_workers = list(env_workers)
         self.envs_on: Counter = Counter({a: 0 for a in env_workers})
         self.envs_of: Counter = Counter()  # (worker, task) → live envs, for per-task env_concurrency
@@ -168,7 +169,8 @@ class EnvManager:
         item = {"reward": task.reward, "function": self.reward_functions.get(task.reward), "trajectory": traj.for_reward()}
         for attempt in range(self.rollout.retries + 1):
             try:
-                return await self.d.call("reward", plugins.reward_batch, item, pool=self.reward_pool, timeout=self.rollout.reward_timeout_s)
+                pool = "REWARD" if task.reward in self.stateful_rewards else self.reward_pool  # a judge stays local in either mode
+                return await self.d.call("reward", plugins.reward_batch, item, pool=pool, timeout=self.rollout.reward_timeout_s)
             except (CallFailed, TimeoutError):
                 self.counts["reward_errors"] += 1
                 if attempt == self.rollout.retries:

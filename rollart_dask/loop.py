@@ -99,10 +99,12 @@ class Run:
             name=plugins.TRAINER)
         self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s)
         self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine,
-                             reward_pool=self.reward_pool, reward_functions=self.rewards.functions)
+                             reward_pool=self.reward_pool, reward_functions=self.rewards.functions, stateful_rewards=self.rewards.stateful)
         self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
         if self.resume:
             await self._restore()
+        elif self.cfg.warmstart.steps:
+            await self._warm_start()
         self._base_version = self.proxy.version  # admission counts groups from here
 
     async def _restore(self) -> None:
@@ -115,6 +117,35 @@ class Run:
         self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
         await self._sync_weights()
         console.print(f"resumed from {path} at version {self.published}")
+
+    async def _warm_start(self) -> None:
+        """Imitate each task's expert before RL (demonstrations played on the env workers, SFT on
+        the trainer), publish the result as version 1 and sync the engines: the first held-out
+        evaluation then measures the warm-started policy, so it is never counted as RL gain."""
+        ws, t0 = self.cfg.warmstart, time.monotonic()
+        names = ws.tasks or list(self.tasks)
+        cpu = self.poolmap.members("CPU")
+        rng = random.Random(self.cfg.seed + 1)  # training seeds only: held-out seeds lie at eval.start_seed and above
+        futs = []
+        for i, name in enumerate(names):
+            t = self.tasks[name]
+            item = {"task": name, "env": t.env, "env_args": t.env_args, "max_turns": t.max_turns, "max_tokens": t.max_tokens,
+                    "seeds": [rng.randrange(0, self.cfg.eval.start_seed) for _ in range(ws.episodes)]}
+            futs.append(self.d.submit_one("warmstart-demos", plugins.env_expert_demos, item, pool="CPU", worker=cpu[i % len(cpu)]))
+        demos = [d for batch in await asyncio.gather(*futs) for d in batch]
+        fut = self.d.submit_one("warmstart", plugins.trainer_warm_start, demos, ws.steps, ws.batch, ws.lr, self.cfg.seed, ws.tasks,
+                                pool="TRAIN", worker=self.trainer)
+        m = await fut
+        self.published = int(m.pop("version"))
+        self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        await self._sync_weights()
+        per_task = Counter(d["task"] for d in demos)
+        row = {"kind": "warmstart", "step": self.published, "version": self.published, "turns_per_task": dict(per_task),
+               "elapsed_s": time.monotonic() - t0, **m}
+        self.metrics.write(row)
+        console.print(f"warm start: {m['steps']} imitation steps on {m['samples']} expert turns ({dict(per_task)}; {m['skipped']} did not fit "
+                      f"the decoding) in {row['elapsed_s']:.0f}s, NLL {m['nll_first']:.3f} → {m['nll_last']:.3f}; "
+                      f"held-out scores below start from this policy")
 
     # -- launching trajectories ----------------------------------------------------------------
     def _limit(self) -> int:
@@ -353,7 +384,7 @@ class Run:
     async def run(self, on_step=None) -> dict:
         """Run the flow to its end; returns first/last held-out evaluations and the counts."""
         cfg = self.cfg
-        t_start = self.t_start = time.monotonic()
+        t_start = self.t_start = self._last_progress = time.monotonic()  # set-up (model loads, warm start) is not a stall
         self._bg = [asyncio.ensure_future(c) for c in (self._launcher(), self._watchdog(), self._monitor())]
         try:
             await self.evaluate()
@@ -400,7 +431,7 @@ class Run:
                 on_step(self)
             ckpt = await self.checkpoint()
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - t_start,
-                    "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published}
+                    "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published - self._base_version}
         finally:
             await self.stop()
 

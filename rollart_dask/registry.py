@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Any, Callable
 
 ENVS: dict[str, Any] = {
@@ -24,6 +25,7 @@ REWARDS: dict[str, Any] = {
     "math": "rewards.reasoning:reward",
     "code": "rewards.code:reward",
     "env_return": "rewards.env_return:reward",
+    "judge": "rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
 }
 
 
@@ -68,3 +70,20 @@ def make_env(name: str, **kwargs) -> Any:
 
 def get_reward(name: str) -> Callable[[dict], Any]:
     return _resolve("reward", REWARDS, name)
+
+
+def stateful_reward(name: str):
+    """The module of a stateful reward, else None.
+
+    A reward is stateful (needs an inference engine) when its module sets ``NEEDS_ENGINE = True``;
+    the module then provides ``request(trajectory) -> dict`` (a generate request: chat
+    ``messages``, ``choices``, ``max_tokens``, ``temperature``) and its reward function takes
+    ``(trajectory, completion)``. Stateful rewards run on the REWARD pool, never serverless.
+    """
+    fn = get_reward(name)
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if not getattr(module, "NEEDS_ENGINE", False):
+        return None
+    if not callable(getattr(module, "request", None)):
+        raise TypeError(f"reward {name!r}: its module {module.__name__} sets NEEDS_ENGINE but has no request(trajectory) function")
+    return module

@@ -46,6 +46,19 @@ def test_greedy_is_deterministic(engine):
     assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
 
+def test_finished_requests_leave_the_batch_without_changing_anyone_s_tokens(engine):
+    """Short, long, constrained and free requests decoded together (rows of finished requests are
+    dropped from the KV cache as they finish) give exactly what each gives alone."""
+    mixed = [req(0, temperature=0, choices=None, max_tokens=24), req(1, temperature=0), req(2, temperature=0, prompt="FFG\nPHF"),
+             req(3, temperature=0, choices=("left", "down", "l"), max_tokens=8), req(4, temperature=0, choices=None, max_tokens=3, prompt="x")]
+    together = engine.generate(mixed)
+    for r, c in zip(mixed, together):
+        alone = engine.generate([dict(r, id=r["id"] + "-alone")])[0]
+        assert (c.token_ids, c.finish_reason, c.allowed_ids) == (alone.token_ids, alone.finish_reason, alone.allowed_ids)
+        assert c.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    assert len(together[0].token_ids) > 3 and len(together[1].token_ids) == 1
+
+
 def test_abort_before_decoding(engine):
     engine.abort(["r7"])
     out = engine.generate([req(7, choices=None, max_tokens=8), req(8, choices=None, max_tokens=2)])

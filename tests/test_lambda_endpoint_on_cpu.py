@@ -342,6 +342,8 @@ def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
     assert result == reward(traj)
     bad = runner.invoke(main, ["rewards", "deploy", "no_such_reward", "--endpoint-url", endpoint.url])
     assert bad.exit_code != 0 and "no_such_reward" in bad.output
+    judge = runner.invoke(main, ["rewards", "deploy", "judge", "--endpoint-url", endpoint.url])  # stateful: needs an engine
+    assert judge.exit_code != 0 and "stateful" in judge.output and "REWARD pool" in judge.output
 
 
 def test_relative_state_dir_serves_get_function(tmp_path, monkeypatch):

@@ -63,3 +63,19 @@ def test_injected_env_failures_are_retried_relaunched_counted_and_labelled(addre
     effective = (tmp_path / "flow.yaml").read_text()
     assert "reset_fail: 0.3" in effective and "emulated:" in effective and "env latency/failure injection" in effective
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["kind"] in ("step", "eval")
+
+
+def test_warm_start_runs_before_the_first_held_out_evaluation(address, tmp_path, model_dir, run_async):
+    """Expert demonstrations are played on the env workers and imitated on the trainer; the
+    result is version 1, and the first held-out evaluation measures it (not the random init)."""
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [FROZENLAKE, MATH], "trainer.steps": 2,
+                                      "warmstart": {"steps": 30, "episodes": 20, "batch": 32, "tasks": {"frozenlake": 1, "math": 1}}}))
+    result = run_async(run_flow(cfg, tmp_path))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    warm = [r for r in rows if r["kind"] == "warmstart"]
+    assert len(warm) == 1 and warm[0]["steps"] == 30 and warm[0]["version"] == 1
+    assert warm[0]["turns_per_task"]["math"] == 20 and warm[0]["turns_per_task"]["frozenlake"] >= 20  # one turn per math episode
+    assert warm[0]["nll_last"] < warm[0]["nll_first"]
+    assert rows.index(warm[0]) < min(i for i, r in enumerate(rows) if r["kind"] == "eval")
+    assert result["first"]["version"] == 1 and result["steps"] == 2 and result["last"]["version"] == 3
+    assert "warmstart:" in (tmp_path / "flow.yaml").read_text()

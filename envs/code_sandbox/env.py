@@ -102,6 +102,10 @@ class CodeSandboxEnv:
                 "tests_passed": passed, "tests_total": total, "verdict": verdict, "turns": self.turns, "wall_s": wall}
         return obs, passed / total, terminated, truncated, info
 
+    def expert_action(self) -> str | None:
+        """The problem's reference solution (demonstrations for a warm start)."""
+        return None if self.problem is None or self.success else self.problem.reference
+
     def close(self):
         self.sandbox.close()
 

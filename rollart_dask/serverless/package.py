@@ -152,7 +152,18 @@ def deploy(function_name: str, reward: str, client, role_arn: str | None = None,
            concurrency: int | None = None, runtime: str = "python3.12", environment: dict | None = None,
            root: str | Path | None = None, include=DEFAULT_PACKAGES, extra_dirs=(), wait: bool = True) -> dict:
     """Package ``reward`` (a registry name like 'math' or a module like 'rewards.reasoning') and
-    create-or-update the Lambda function ``function_name`` with handler ``<module>.handler``."""
+    create-or-update the Lambda function ``function_name`` with handler ``<module>.handler``.
+    A stateful reward (its module sets ``NEEDS_ENGINE``, e.g. the judge) is refused: it needs an
+    inference engine and runs on the REWARD pool."""
+    import importlib
+
+    try:
+        module = importlib.import_module(reward_module(reward))
+    except ImportError:
+        module = None  # build_zip names what is missing
+    if getattr(module, "NEEDS_ENGINE", False):
+        raise ValueError(f"reward {reward!r} is stateful (needs an inference engine): it runs on the REWARD pool and cannot be "
+                         "deployed as a Lambda function")
     zip_bytes = build_zip(reward, root=root, include=include, extra_dirs=extra_dirs)
     return deploy_zip(client, function_name, zip_bytes, handler_for(reward), role_arn=role_arn, timeout=timeout,
                       memory=memory, concurrency=concurrency, runtime=runtime, environment=environment,

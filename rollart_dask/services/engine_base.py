@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+from .encoding import chat_prompt_ids
+
 
 class EngineBase:
     def __init__(self, tokenizer):
@@ -24,4 +26,4 @@ class EngineBase:
 
     @functools.lru_cache(maxsize=65536)
     def _template(self, prompt: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=False, return_dict=False))
+        return tuple(chat_prompt_ids(self.tokenizer, prompt))

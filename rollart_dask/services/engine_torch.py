@@ -15,34 +15,8 @@ import time
 import torch
 
 from ..types import Completion
+from .encoding import ChoiceTrie, choice_trie
 from .engine_base import EngineBase
-
-
-class _ChoiceTrie:
-    """Token-id prefix trie over a request's allowed completions."""
-
-    def __init__(self, choices_ids: list[list[int]], eos: int):
-        self.root: dict = {}
-        for ids in choices_ids:
-            node = self.root
-            for t in ids:
-                node = node.setdefault(t, {})
-            node[None] = {}  # end marker
-        self._stop_prefixes(self.root, eos)
-
-    @classmethod
-    def _stop_prefixes(cls, node: dict, eos: int) -> None:
-        """A choice that is a prefix of another ('1' and '12') ends by an explicit EOS."""
-        for tok, child in list(node.items()):
-            if tok is not None:
-                cls._stop_prefixes(child, eos)
-        if None in node and len(node) > 1:
-            del node[None]
-            node[eos] = {None: {}}
-
-    @staticmethod
-    def allowed(node: dict) -> list[int]:
-        return [t for t in node if t is not None]
 
 
 class TorchEngine(EngineBase):
@@ -82,8 +56,8 @@ class TorchEngine(EngineBase):
 
     # -- batched decoding -------------------------------------------------------------------
     @functools.lru_cache(maxsize=1024)
-    def _trie(self, choices: tuple[str, ...]) -> _ChoiceTrie:
-        return _ChoiceTrie([self.tokenizer.encode(c, add_special_tokens=False) for c in choices], self.tokenizer.eos_token_id)
+    def _trie(self, choices: tuple[str, ...]) -> ChoiceTrie:
+        return choice_trie(self.tokenizer, choices)
 
     @torch.no_grad()
     def _generate_batch(self, reqs: list[dict]) -> list[Completion]:
@@ -114,42 +88,56 @@ class TorchEngine(EngineBase):
             cache = res.past_key_values
             logits = res.logits[:, -1, :].float()[row]
             attn, pos = attn[row], pos[row][:, -1:]
+            # rows[k] = the request decoded in row k of logits / attn / pos / next_tok (and of the
+            # cache once expanded). Finished requests leave the batch, so a long request (code,
+            # 48 tokens) no longer makes the short ones beside it (one-token actions) pay for
+            # every one of its decode steps.
+            rows = list(range(n))
             expanded = False
             next_tok = torch.empty(0, dtype=torch.long)  # set by step 0, fed back from step 1 on
             for step in range(max(limits)):
                 for i, r in enumerate(reqs):
                     if finish[i] is None and r["id"] in self._aborted:
                         finish[i] = "abort"
-                live = [i for i in range(n) if finish[i] is None]
-                if not live:
+                keep = [k for k, i in enumerate(rows) if finish[i] is None]
+                if not keep:
                     break
                 if step > 0:
-                    if not expanded:  # fan the shared prefill out to one cache row per request
-                        cache.reorder_cache(row)
+                    sel = torch.tensor(keep)
+                    if not expanded:  # fan the shared prefill out to one cache row per live request
+                        cache.reorder_cache(row[[rows[k] for k in keep]])
                         expanded = True
-                    attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype)], dim=-1)
-                    pos = pos + 1
-                    res = self.model(input_ids=next_tok.unsqueeze(-1), attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
+                    elif len(keep) < len(rows):
+                        cache.reorder_cache(sel)
+                    rows = [rows[k] for k in keep]
+                    attn = torch.cat([attn[sel], torch.ones(len(rows), 1, dtype=attn.dtype)], dim=-1)
+                    pos = pos[sel] + 1
+                    res = self.model(input_ids=next_tok[sel].unsqueeze(-1), attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
                     logits = res.logits[:, -1, :].float()
+                elif len(keep) < len(rows):  # aborted before the first token: drop their rows
+                    sel = torch.tensor(keep)
+                    rows, logits, attn, pos = [rows[k] for k in keep], logits[sel], attn[sel], pos[sel]
                 mask = torch.zeros_like(logits, dtype=torch.bool)
-                for i in live:
+                for k, i in enumerate(rows):
                     if tries[i] is not None:
-                        mask[i, _ChoiceTrie.allowed(nodes[i])] = True
+                        mask[k, ChoiceTrie.allowed(nodes[i])] = True
                     else:
-                        mask[i] = True
-                scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
+                        mask[k] = True
+                t = temps[rows]
+                g = greedy[rows]
+                scaled = logits / torch.where(g, torch.ones_like(t), t).unsqueeze(-1)
                 logp = torch.log_softmax(scaled.masked_fill(~mask, float("-inf")), -1)
                 safe = torch.where(mask.any(-1, keepdim=True), logp.exp(), torch.ones_like(logp))
                 sampled = torch.multinomial(safe, 1, generator=self.generator).squeeze(-1)
-                next_tok = torch.where(greedy, logp.argmax(-1), sampled)
-                for i in live:
-                    tok = int(next_tok[i])
+                next_tok = torch.where(g, logp.argmax(-1), sampled)
+                for k, i in enumerate(rows):
+                    tok = int(next_tok[k])
                     tokens[i].append(tok)
-                    logps[i].append(float(logp[i, tok]))
+                    logps[i].append(float(logp[k, tok]))
                     if tries[i] is not None:
-                        allowed_log[i].append(_ChoiceTrie.allowed(nodes[i]))
+                        allowed_log[i].append(ChoiceTrie.allowed(nodes[i]))
                         nodes[i] = nodes[i][tok]
-                        if None in nodes[i] and not _ChoiceTrie.allowed(nodes[i]):
+                        if ChoiceTrie.finished(nodes[i]):
                             finish[i] = "stop"
                     elif tok == eos:
                         finish[i] = "stop"

@@ -56,3 +56,28 @@ class EnvHost:
         env = self.envs.pop(traj_id, None)
         if env is not None:
             env.close()
+
+
+def expert_demos(item: dict) -> list[dict]:
+    """Play an env's expert on the given seeds (the warm start's demonstrations). Each turn is a
+    dict {task, prompt, action, choices, max_tokens}; an episode the expert cannot finish
+    (no expert action, or out of turns) contributes the turns it played."""
+    env = make_env(item["env"], **item.get("env_args", {}))
+    if not callable(getattr(env, "expert_action", None)):
+        raise TypeError(f"env {item['env']!r} (task {item['task']}) has no expert_action(): it cannot give warm-start demonstrations")
+    demos = []
+    try:
+        for seed in item["seeds"]:
+            obs, _ = env.reset(seed=seed)
+            choices = list(getattr(env, "action_choices", None) or [])
+            for _ in range(item["max_turns"]):
+                action = env.expert_action()
+                if action is None:
+                    break
+                demos.append({"task": item["task"], "prompt": obs, "action": action, "choices": choices, "max_tokens": item["max_tokens"]})
+                obs, _, terminated, truncated, _ = env.step(action)
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    return demos

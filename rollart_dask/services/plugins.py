@@ -81,13 +81,28 @@ class EnvHostPlugin(ServicePlugin):
 
 
 class RewardPlugin(ServicePlugin):
+    """The reward runner on the reward pool's workers; when the flow has stateful rewards (a judge),
+    also on the REWARD pool's workers, which host them in either mode."""
+
     kind = "reward"
     name = REWARD
+
+    def applies(self, worker) -> bool:
+        return super().applies(worker) or (bool(self.spec.get("stateful")) and "REWARD" in worker.state.total_resources)
+
+    async def setup(self, worker):
+        self.tags = set(worker.state.total_resources)
+        await super().setup(worker)
 
     def build(self):
         from .reward_runner import RewardRunner
 
-        return RewardRunner(**self.spec)
+        tags = getattr(self, "tags", set())
+        mode = self.spec.get("mode", "local")
+        local = mode == "local" or "REWARD" in tags
+        if local and self.spec.get("stateful"):
+            _set_torch_threads()  # this runner loads a judge engine
+        return RewardRunner(**self.spec, local=local, caller=mode == "serverless" and "SERVERLESS" in tags)
 
 
 class TrainerPlugin(ServicePlugin):
@@ -136,8 +151,17 @@ def env_step_batch(items: list[dict]) -> list:
 
 
 def reward_batch(items: list[dict]) -> list:
+    """Plain rewards per item (concurrent Lambda invocations when serverless); stateful ones (a
+    judge: the control plane sends them to the REWARD pool) as one batched generation."""
     runner = service(REWARD)
-    return _per_item(runner.score, items, runner.map)
+    out: list = [None] * len(items)
+    judged = [i for i, item in enumerate(items) if runner.is_stateful(item["reward"])]
+    plain = [i for i in range(len(items)) if i not in set(judged)]
+    for i, r in zip(plain, _per_item(runner.score, [items[i] for i in plain], runner.map)):
+        out[i] = r
+    for i, r in zip(judged, runner.score_stateful([items[i] for i in judged]) if judged else []):
+        out[i] = r
+    return out
 
 
 async def engine_abort(request_ids: list[str]) -> int:
@@ -154,6 +178,16 @@ def engine_reset_prefix_cache() -> int:
 
 def trainer_step(samples: list[dict]) -> dict:
     return service(TRAINER).train_step(samples)
+
+
+def trainer_warm_start(demos: list[dict], steps: int, batch: int, lr: float, seed: int, shares: dict | None) -> dict:
+    return service(TRAINER).warm_start(demos, steps, batch, lr, seed, shares)
+
+
+def env_expert_demos(item: dict) -> list[dict]:
+    from .envhost import expert_demos
+
+    return expert_demos(item)
 
 
 def trainer_weights(_after=None) -> dict:

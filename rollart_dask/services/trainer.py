@@ -28,6 +28,7 @@ class TorchTrainer:
         self.tokenizer = load_tokenizer(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.train()
+        self.lr, self.weight_decay = lr, weight_decay
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.clip, self.entropy_coef, self.max_grad_norm, self.temperature = clip, entropy_coef, max_grad_norm, temperature
         self.micro_batch_tokens = micro_batch_tokens
@@ -79,6 +80,68 @@ class TorchTrainer:
         return chunks
 
     def train_step(self, samples: list[dict]) -> dict:
+        """One GRPO optimizer update; the policy version goes up by one."""
+        def loss_fn(logp, entropy, old, mask, adv):
+            return ppo_clip_loss(logp, old, adv, mask, self.clip, entropy, self.entropy_coef)
+
+        stats = self._update(samples, loss_fn)
+        self.version += 1
+        return {**stats, "version": self.version}
+
+    def sft_step(self, samples: list[dict]) -> dict:
+        """One imitation update: token-level NLL of the demonstrated responses, under the same
+        allowed-id restriction the engine decodes with (the policy distribution RL trains)."""
+        def loss_fn(logp, entropy, old, mask, adv):
+            m = mask.float()
+            nll = -(logp * m).sum() / m.sum().clamp(min=1.0)
+            return nll, {"nll": nll.item(), "entropy": ((entropy * m).sum() / m.sum().clamp(min=1.0)).item()}
+
+        return self._update(samples, loss_fn)
+
+    def warm_start(self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0,
+                   shares: dict[str, float] | None = None) -> dict:
+        """Imitation of expert demonstrations before RL. Each batch takes from every task its
+        share (``shares``, default equal) whatever its turns per episode. Counts as one published
+        version (the policy RL starts from); the optimizer is then rebuilt so RL starts without
+        SFT moments."""
+        import random
+
+        from .encoding import choice_trie, demo_sample
+
+        t0 = time.perf_counter()
+        tries: dict = {}
+        samples, skipped = [], 0
+        for d in demos:
+            choices = tuple(d["choices"]) if d.get("choices") else None
+            if choices and choices not in tries:
+                tries[choices] = choice_trie(self.tokenizer, choices)
+            s = demo_sample(self.tokenizer, d["prompt"], d["action"], choices, d.get("max_tokens", 16), tries.get(choices))
+            if s is None:
+                skipped += 1
+                continue
+            samples.append({**s, "logprobs": [0.0] * len(s["response_ids"]), "advantage": 0.0, "task": d.get("task")})
+        if not samples:
+            raise ValueError(f"warm start: none of the {len(demos)} demonstrations fits the engine's decoding (choices / max_tokens)")
+        by_task: dict = {}
+        for s in samples:
+            by_task.setdefault(s["task"], []).append(s)
+        weights = {t: shares.get(t, 0.0) for t in by_task} if shares else {t: 1.0 for t in by_task}
+        total = sum(weights.values()) or 1.0
+        quota = {t: max(1, round(batch_size * w / total)) for t, w in weights.items() if w > 0}
+        rng = random.Random(seed)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        first = last = {}
+        for step in range(steps):
+            batch = [s for t, k in quota.items() for s in rng.sample(by_task[t], min(k, len(by_task[t])))]
+            last = self.sft_step(batch)
+            first = first or last
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        self.version += 1
+        return {"demos": len(demos), "samples": len(samples), "skipped": skipped, "steps": steps, "lr": lr, "batch_per_task": quota,
+                "nll_first": first.get("nll"), "nll_last": last.get("nll"), "seconds": time.perf_counter() - t0, "version": self.version}
+
+    def _update(self, samples: list[dict], loss_fn) -> dict:
         """One optimizer update; gradients accumulate over micro-batches, each weighted by its
         share of response tokens, so the loss is the token-level mean over the whole batch."""
         t0 = time.perf_counter()
@@ -91,7 +154,7 @@ class TorchTrainer:
             logits = self.model(input_ids=ids, attention_mask=attn).logits[row]
             logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
             logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
-            loss, chunk_stats = ppo_clip_loss(logp, old, adv, mask, self.clip, entropy, self.entropy_coef)
+            loss, chunk_stats = loss_fn(logp, entropy, old, mask, adv)
             w = float(mask.sum()) / max(total_tokens, 1)
             (loss * w).backward()
             loss_sum += loss.item() * w
@@ -100,9 +163,8 @@ class TorchTrainer:
                 stats[k] = stats.get(k, 0.0) + v * w
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.opt.step()
-        self.version += 1
         stats.update(loss=loss_sum, grad_norm=float(grad_norm), samples=len(samples), tokens=total_tokens,
-                     forward_rows=rows, train_s=time.perf_counter() - t0, version=self.version)
+                     forward_rows=rows, train_s=time.perf_counter() - t0)
         return stats
 
     def state_dict(self) -> dict[str, torch.Tensor]:
