@@ -1,0 +1,413 @@
+"""Emulated inference engine: the engine contract of the real backends, with timing from a
+hardware profile instead of a model. Labelled ``emulated`` everywhere it reports.
+
+Timing model (``ContinuousBatch``, pure and clock-free; the engine drives it against the wall clock):
+- Requests queue FIFO and are admitted while their KV reservation (prompt + output tokens)
+  fits the instance's KV capacity; the rest wait (no preemption).
+- Requests admitted together are prefilled as one compute-bound batch (FLOPs add up, weights
+  read once); the prefill yields each request's first token. Decoding stalls meanwhile (no
+  chunked prefill).
+- Then one decode step at a time for the live batch, each costing
+  ``decode_step_seconds(batch, total context)``; a request leaves as soon as its own output is
+  done, so a long request never holds a short one back, and queued requests join at a step boundary.
+- Prefix cache: 16-token blocks chained by hash, LRU, as large as the KV capacity; a hit skips
+  the prefill of the cached tokens (the last prompt token is always recomputed).
+
+Token ids are synthetic: one deterministic id stream per (seed, trajectory), where the trajectory
+is ``emulate["stream"]`` or the request id before ``#``. A prompt of n tokens is the stream's
+first n ids and the output continues it, so a later turn whose prompt extends the earlier one
+hits the prefix cache the way a real multi-turn conversation does.
+
+Per request, ``emulate`` (optional) sets ``prompt_tokens``, ``output_tokens``, ``text`` and
+``stream``; without it the prompt length comes from ``prompt_ids``, the tokenizer, or ~4 chars
+per token, and the output length from the chosen ``choices`` text or ``max_tokens``.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import math
+import random
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from ..types import Completion
+from .hardware import (
+    H800,
+    QWEN3_8B,
+    GPUProfile,
+    ModelProfile,
+    decode_step_seconds,
+    kv_capacity_tokens,
+    prefill_batch_seconds,
+    prefill_flops,
+    weight_load_seconds,
+)
+
+BLOCK = 16  # prefix-cache block, tokens (vLLM's default block size)
+
+
+@dataclass
+class Seq:
+    """One request inside the batch model. Times are emulated seconds."""
+
+    rid: str
+    prompt_ids: list[int]
+    output_tokens: int
+    arrival: float = 0.0
+    cached: int = 0  # prompt tokens served by the prefix cache
+    admit_step: int = -1
+    t_first: float | None = None  # first token (end of its prefill)
+    t_done: float | None = None
+    finish: str | None = None
+    version: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def reserve(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+def block_hashes(ids: list[int]) -> list[int]:
+    """Chained hashes of the full 16-token blocks (a block's hash names its whole prefix)."""
+    out, h = [], 0
+    for i in range(0, len(ids) - BLOCK + 1, BLOCK):
+        h = hash((h, tuple(ids[i : i + BLOCK])))  # ints and tuples of ints hash the same in every process
+        out.append(h)
+    return out
+
+
+class ContinuousBatch:
+    """The clock-free batch model: ``admit`` then ``decode`` advance ``clock`` (emulated seconds)."""
+
+    def __init__(self, model: ModelProfile, gpu: GPUProfile, tp: int = 1, kv_tokens: int | None = None):
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.kv_capacity = kv_tokens if kv_tokens is not None else kv_capacity_tokens(model, gpu, tp)
+        self.clock = 0.0
+        self.step_no = 0
+        self.waiting: collections.deque[Seq] = collections.deque()
+        self.running: dict[str, Seq] = {}
+        self._finish_heap: list[tuple[int, int, str]] = []
+        self._ctx_base = 0  # Σ (prompt + 1 − admit_step) over running; context = base + B × step_no
+        self.kv_used = 0
+        self.cache: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.cache_blocks = max(1, self.kv_capacity // BLOCK)
+        self.counters = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0, "max_batch": 0}
+
+    # -- queue ---------------------------------------------------------------------------------
+    def submit(self, seq: Seq) -> None:
+        if seq.reserve > self.kv_capacity:
+            raise ValueError(f"request {seq.rid} needs {seq.reserve} KV tokens; the instance holds {self.kv_capacity}")
+        self.waiting.append(seq)
+
+    @property
+    def context_tokens(self) -> int:
+        return self._ctx_base + len(self.running) * self.step_no
+
+    def admit(self, version: int = 0) -> list[Seq]:
+        """Admit queued requests that fit (FIFO), prefill them together; returns those that
+        finished with their first token. Advances the clock by the prefill time."""
+        group: list[Seq] = []
+        while self.waiting and self.kv_used + self.waiting[0].reserve <= self.kv_capacity:
+            s = self.waiting.popleft()
+            self.kv_used += s.reserve
+            group.append(s)
+        if not group:
+            return []
+        flops = 0.0
+        for s in group:  # in order, so identical prompts admitted together are computed once
+            hashes = block_hashes(s.prompt_ids)
+            hit = 0
+            for h in hashes:
+                if h not in self.cache:
+                    break
+                self.cache.move_to_end(h)
+                hit += BLOCK
+            s.cached = min(hit, s.prompt_tokens - 1)
+            new = s.prompt_tokens - s.cached
+            flops += prefill_flops(self.model, new, s.cached)
+            self.counters["prefill_tokens"] += new
+            self.counters["cached_tokens"] += s.cached
+            self._remember(hashes)
+        self.clock += prefill_batch_seconds(self.model, self.gpu, flops, self.tp)
+        done = []
+        for s in group:
+            s.t_first, s.version, s.admit_step = self.clock, version, self.step_no
+            if s.output_tokens <= 1:  # done with its first token: frees its KV at once
+                self.kv_used -= s.reserve
+                self._finish(s, "stop")
+                done.append(s)
+                continue
+            self.running[s.rid] = s
+            self._ctx_base += s.prompt_tokens + 1 - self.step_no
+            heapq.heappush(self._finish_heap, (self.step_no + s.output_tokens - 1, id(s), s.rid))
+        self.counters["max_batch"] = max(self.counters["max_batch"], len(self.running))
+        return done
+
+    # -- decoding ------------------------------------------------------------------------------
+    def step_cost(self, ahead: int = 0) -> float:
+        """Cost of the decode step ``ahead`` steps from now, if no one joins or leaves before it."""
+        b = len(self.running)
+        return decode_step_seconds(self.model, self.gpu, b, self.context_tokens + b * ahead, self.tp)
+
+    def steps_to_next_finish(self) -> int:
+        while self._finish_heap and self._finish_heap[0][2] not in self.running:
+            heapq.heappop(self._finish_heap)  # aborted earlier
+        return self._finish_heap[0][0] - self.step_no if self._finish_heap else 0
+
+    def decode(self, steps: int) -> list[Seq]:
+        """Run ``steps`` decode steps (never past the next finish); returns the requests that finished."""
+        for _ in range(steps):
+            self.clock += self.step_cost()
+            self.step_no += 1
+        self.counters["decode_steps"] += steps
+        done = []
+        while self._finish_heap and self._finish_heap[0][0] <= self.step_no:
+            _, _, rid = heapq.heappop(self._finish_heap)
+            s = self.running.get(rid)
+            if s is not None:
+                self._leave(s)
+                self._finish(s, "stop")
+                done.append(s)
+        return done
+
+    def abort(self, rids: set[str]) -> list[Seq]:
+        """End the named requests now (queued or running) with finish "abort"."""
+        out = [s for s in self.waiting if s.rid in rids]
+        self.waiting = collections.deque(s for s in self.waiting if s.rid not in rids)
+        for s in out:
+            s.finish, s.t_done = "abort", self.clock
+        for rid in [r for r in self.running if r in rids]:
+            s = self.running[rid]
+            self._leave(s)
+            s.finish, s.t_done = "abort", self.clock
+            out.append(s)
+        return out
+
+    def run_to_completion(self) -> None:
+        """Drain everything submitted (no new arrivals): the pure timeline, for tests and the ideal."""
+        while self.waiting or self.running:
+            self.admit()
+            if self.running:
+                self.decode(max(1, self.steps_to_next_finish()))
+
+    def reset_cache(self) -> int:
+        n = len(self.cache)
+        self.cache.clear()
+        return n
+
+    # -- internals -----------------------------------------------------------------------------
+    def _leave(self, s: Seq) -> None:
+        del self.running[s.rid]
+        self._ctx_base -= s.prompt_tokens + 1 - s.admit_step
+        self.kv_used -= s.reserve
+
+    def _finish(self, s: Seq, reason: str) -> None:
+        s.finish, s.t_done = reason, self.clock
+        self._remember(block_hashes(s.prompt_ids + s.output_ids))
+
+    def _remember(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self.cache[h] = None
+            self.cache.move_to_end(h)
+        while len(self.cache) > self.cache_blocks:
+            self.cache.popitem(last=False)
+
+
+def _stream_ids(seed: int, key: str, start: int, n: int, vocab: int) -> list[int]:
+    rng = random.Random(zlib.crc32(f"{seed}:{key}".encode()))
+    ids = [rng.randrange(vocab) for _ in range(start + n)]
+    return ids[start:]
+
+
+class EmulatedEngine:
+    """Engine contract (``generate``, ``abort``, ``update_weights``, ``reset_prefix_cache``,
+    ``stats``, ``version``) on the batch model; sleeps emulated seconds × ``time_scale``.
+
+    One driver thread per engine owns the batch and the sleeping; ``generate`` callers (any
+    number of threads) enqueue and wait for their own requests, so requests from concurrent
+    calls share the batch as in a continuous-batching server."""
+
+    label = "emulated"
+
+    def __init__(self, model: ModelProfile = QWEN3_8B, gpu: GPUProfile = H800, tp: int = 1, time_scale: float = 1e-3,
+                 seed: int = 0, kv_tokens: int | None = None, tokenizer=None, weight_load_s: float | None = None):
+        self.model, self.gpu, self.tp, self.time_scale, self.seed = model, gpu, tp, float(time_scale), seed
+        self.tokenizer = tokenizer
+        self.batch = ContinuousBatch(model, gpu, tp, kv_tokens)
+        self.weight_load_s = weight_load_seconds(model, gpu, tp) if weight_load_s is None else weight_load_s
+        self.version = 0
+        self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0, "emulated_busy_s": 0.0, "engine": self.label,
+                      "gpu": gpu.name, "model": model.name, "time_scale": self.time_scale}
+        self._aborted: set[str] = set()
+        self._cond = threading.Condition()
+        self._events: dict[str, threading.Event] = {}
+        self._driver: threading.Thread | None = None
+        self._t0 = time.perf_counter()
+        self._stall_until = 0.0  # emulated time until which a weight load blocks decoding
+
+    # -- emulated clock ----------------------------------------------------------------------------
+    def _now(self) -> float:
+        """Emulated seconds since start (wall / time_scale); with time_scale 0 the batch clock itself."""
+        if self.time_scale <= 0:
+            return self.batch.clock
+        return (time.perf_counter() - self._t0) / self.time_scale
+
+    def _wait_until(self, t: float, interruptible: bool) -> None:
+        """Sleep (holding no lock but the condition's) until emulated time ``t``."""
+        while self.time_scale > 0:
+            left = (t - self._now()) * self.time_scale
+            if left <= 0:
+                return
+            self._cond.wait(left)
+            if interruptible:
+                return
+
+    # -- contract ----------------------------------------------------------------------------------
+    def generate(self, requests: list[dict]) -> list[Completion]:
+        seqs = [self._seq(r) for r in requests]
+        events = []
+        for s in seqs:  # all or nothing: an oversize request fails the call before any is queued
+            if s.reserve > self.batch.kv_capacity:
+                raise ValueError(f"request {s.rid} needs {s.reserve} KV tokens; the instance holds {self.batch.kv_capacity}")
+        with self._cond:
+            for s in seqs:
+                self.batch.submit(s)
+                ev = self._events[s.rid] = threading.Event()
+                events.append(ev)
+            if self._driver is None or not self._driver.is_alive():
+                self._driver = threading.Thread(target=self._drive, name="emulated-engine", daemon=True)
+                self._driver.start()
+            self._cond.notify_all()
+        for ev in events:
+            ev.wait()
+        out = [self._completion(r, s) for r, s in zip(requests, seqs)]
+        with self._cond:
+            self.stats["tokens"] += sum(len(c.token_ids) for c in out)
+            self.stats["requests"] += len(out)
+            for k, v in self.batch.counters.items():
+                self.stats[k] = v
+        return out
+
+    def abort(self, request_ids: list[str]) -> int:
+        """Cooperative like the real engines: requests end at the next step boundary."""
+        with self._cond:
+            self._aborted.update(request_ids)
+            self._cond.notify_all()
+        return len(request_ids)
+
+    def update_weights(self, version: int, weights=None) -> int:
+        """Bumps the version after an emulated weight load (host → HBM) that stalls decoding;
+        the prefix cache goes too (its KV came from the old weights), as in the torch engine."""
+        with self._cond:
+            start = max(self._now(), self.batch.clock, self._stall_until)
+            self._stall_until = start + self.weight_load_s
+            self.version = version
+            self.batch.reset_cache()
+            self.stats["weight_loads"] = self.stats.get("weight_loads", 0) + 1
+            self._cond.notify_all()
+            self._wait_until(self._stall_until, interruptible=False)
+        return version
+
+    def reset_prefix_cache(self) -> int:
+        with self._cond:
+            return self.batch.reset_cache()
+
+    # -- driver ------------------------------------------------------------------------------------
+    def _drive(self) -> None:
+        b = self.batch
+        with self._cond:
+            while True:
+                self._apply_aborts()
+                if not b.waiting and not b.running:
+                    if not self._cond.wait(timeout=30.0) and not b.waiting:
+                        self._driver = None
+                        return  # idle: a later generate starts a new driver
+                    continue
+                b.clock = max(b.clock, self._stall_until, self._now() if not b.running else b.clock)
+                t_start = b.clock
+                if b.waiting and b.kv_used + b.waiting[0].reserve <= b.kv_capacity:
+                    done = b.admit(self.version)
+                    self._busy(b.clock - t_start)
+                    self._wait_until(b.clock, interruptible=False)  # a prefill is not interrupted
+                    self._release(done)
+                    continue
+                if not b.running:  # the queue head waits for KV that only a finish frees
+                    self._cond.wait(timeout=1.0)
+                    continue
+                k = b.steps_to_next_finish()
+                costs = [b.step_cost(i) for i in range(k)]
+                self._wait_until(b.clock + sum(costs), interruptible=True)
+                now = self._now() if self.time_scale > 0 else math.inf
+                steps, t = 0, b.clock
+                while steps < k and t + costs[steps] <= now + 1e-12:
+                    t += costs[steps]
+                    steps += 1
+                if steps:
+                    done = b.decode(steps)
+                    self._busy(b.clock - t_start)
+                    self._release(done)
+
+    def _apply_aborts(self) -> None:
+        if not self._aborted:
+            return
+        live = {s.rid for s in self.batch.waiting} | set(self.batch.running)
+        hit = self._aborted & live
+        if hit:
+            self._release(self.batch.abort(hit))
+            self._aborted -= hit
+
+    def _busy(self, emulated_s: float) -> None:
+        self.stats["emulated_busy_s"] += emulated_s
+        self.stats["busy_s"] += emulated_s * self.time_scale
+
+    def _release(self, seqs: list[Seq]) -> None:
+        for s in seqs:
+            ev = self._events.pop(s.rid, None)
+            if ev is not None:
+                ev.set()
+
+    # -- requests and completions ------------------------------------------------------------------
+    def _seq(self, r: dict) -> Seq:
+        emu = r.get("emulate") or {}
+        rid = str(r["id"])
+        key = str(emu.get("stream") or rid.split("#")[0])
+        if "prompt_tokens" in emu:
+            prompt = _stream_ids(self.seed, key, 0, int(emu["prompt_tokens"]), self.model.vocab)
+        elif r.get("prompt_ids") is not None:
+            prompt = list(r["prompt_ids"])
+        elif self.tokenizer is not None:
+            prompt = list(self.tokenizer.encode(r["prompt"]))
+        else:  # ~4 characters per token; equal text prefixes give equal id prefixes
+            text = r.get("prompt") or ""
+            prompt = [zlib.crc32(text[i : i + 4].encode()) % self.model.vocab for i in range(0, len(text), 4)] or [0]
+        limit = int(r.get("max_tokens", 16))
+        choices = r.get("choices")
+        text = str(emu.get("text", ""))
+        if choices:
+            salt = r.get("prompt") if float(r.get("temperature", 1.0)) <= 0 else rid  # greedy: same prompt, same action
+            text = choices[random.Random(zlib.crc32(f"{self.seed}:{salt}".encode())).randrange(len(choices))]
+        if "output_tokens" in emu:
+            n = int(emu["output_tokens"])
+        elif choices:
+            n = min(limit, max(1, math.ceil(len(text) / 4)))
+        else:
+            n = limit
+        s = Seq(rid, prompt, max(1, n), arrival=self._now(), version=self.version, text=text)
+        s.output_ids = _stream_ids(self.seed, key, len(prompt), s.output_tokens, self.model.vocab)
+        return s
+
+    def _completion(self, r: dict, s: Seq) -> Completion:
+        if s.finish == "abort":
+            return Completion(s.rid, s.prompt_ids, [], [], None, "", "abort", s.version)
+        choices = r.get("choices")
+        lp = -math.log(len(choices)) if choices else -1.0
+        reason = "length" if (not choices and s.output_tokens >= int(r.get("max_tokens", 16))) else "stop"
+        return Completion(s.rid, s.prompt_ids, s.output_ids, [lp] + [0.0] * (s.output_tokens - 1), None, s.text, reason, s.version)
