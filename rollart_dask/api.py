@@ -34,7 +34,9 @@ def write_effective(cfg: FlowConfig, out: Path, extra: dict) -> None:
     (out / "flow.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> dict:
+async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None, on_ready=None) -> dict:
+    """Run a flow to its end. ``on_ready(run)`` is called once set-up is done (before the first
+    evaluation); ``on_step(run)`` after every evaluation and training step."""
     from .cluster import connect
     from .loop import Run
 
@@ -52,6 +54,8 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
             console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
         write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": run.engine_backend, "engines": run.layout,
                                    "scheduler": client.scheduler.address, "emulated": emulated, "rewards": run.rewards.where})
+        if on_ready is not None:
+            on_ready(run)
         result = await run.run(on_step=on_step)
         result["wall_s"] = time.monotonic() - t0
         return result

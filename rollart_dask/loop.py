@@ -49,7 +49,7 @@ def engine_pools(cfg: FlowConfig, poolmap: PoolMap) -> list[str]:
 
 class Run:
     def __init__(self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool = False):
-        self.cfg, self.client, self.out, self.model_dir, self.resume = cfg, client, out_dir, model_dir, resume
+        self.cfg, self.client, self.out, self.model_dir, self.from_checkpoint = cfg, client, out_dir, model_dir, resume
         r = cfg.rollout
         self.B, self.G, self.alpha = r.batch_groups, r.group_size, r.alpha
         self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch)
@@ -64,6 +64,8 @@ class Run:
         self._wake_launcher = asyncio.Event()
         self._wake_batch = asyncio.Event()
         self._stopping = False
+        self.paused = False  # no new groups while paused (see pause())
+        self._stop_requested = False  # stop after the current step (see request_stop())
         self._wave: list[str] = []
         self._last_progress = time.monotonic()
         self._weights = None  # dask future of the latest published weights (lives on the trainer)
@@ -101,7 +103,7 @@ class Run:
         self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine,
                              reward_pool=self.reward_pool, reward_functions=self.rewards.functions, stateful_rewards=self.rewards.stateful)
         self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
-        if self.resume:
+        if self.from_checkpoint:
             await self._restore()
         elif self.cfg.warmstart.steps:
             await self._warm_start()
@@ -147,6 +149,21 @@ class Run:
                       f"the decoding) in {row['elapsed_s']:.0f}s, NLL {m['nll_first']:.3f} → {m['nll_last']:.3f}; "
                       f"held-out scores below start from this policy")
 
+    # -- steering (from the Python API; call on the run's event loop) ---------------------------------
+    def pause(self) -> None:
+        """Open no new groups. Trajectories in flight go on and finish; finished groups still train."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._wake_launcher.set()
+
+    def request_stop(self) -> None:
+        """End after the current step: the pending train step is published, then the final
+        evaluation and checkpoint run as at a normal end."""
+        self._stop_requested = True
+        self._wake_batch.set()
+
     # -- launching trajectories ----------------------------------------------------------------
     def _limit(self) -> int:
         return (self.proxy.version - self._base_version + self.alpha + 1) * self.B
@@ -165,8 +182,10 @@ class Run:
     async def _launcher(self) -> None:
         level = self.cfg.rollout.level
         while not self._stopping:
-            if level == "trajectory":
-                while self.buffer.admitted < self._limit() and not self._stopping:
+            if self.paused:
+                pass
+            elif level == "trajectory":
+                while self.buffer.admitted < self._limit() and not self._stopping and not self.paused:
                     self._open_group(None)
             elif self._wave_done() and self.buffer.admitted + self.B <= self._limit():
                 barrier = TurnBarrier(0)  # each opened group adds its members
@@ -213,8 +232,11 @@ class Run:
         self._carry_out(orders)
 
     # -- the protocol ---------------------------------------------------------------------------
-    async def _get_batch(self) -> list[Group]:
+    async def _get_batch(self) -> list[Group] | None:
+        """The next batch, or None when a stop was requested."""
         while True:
+            if self._stop_requested:
+                return None
             if self._fatal:  # a lost engine or trainer: stop now rather than wait for a batch that cannot come
                 raise self._fatal
             self._carry_out(self.buffer.enforce_staleness(self.published))
@@ -397,6 +419,9 @@ class Run:
             while steps_done < cfg.trainer.steps:
                 t0 = time.perf_counter()
                 groups = await self._get_batch()  # 1. Get Batch
+                if groups is None:
+                    console.print(f"stop requested: ending after {steps_done} steps")
+                    break
                 row: dict = {"get_batch_s": time.perf_counter() - t0}
                 if pending is not None:
                     self._emit(await self._finish_train(pending))  # the previous Train publishes its version

@@ -1,0 +1,61 @@
+"""The Python API on the shared local cluster: launch returns at once, metrics grow, pause stops
+new trajectories while those in flight finish, resume, stop drains (the last step is published,
+evaluated and checkpointed)."""
+import time
+
+from distributed import Client
+
+import rollart_dask
+from tests.conftest import flow_dict
+
+
+def wait_for(cond, timeout=180.0, what="condition"):
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_launch_pause_resume_stop_with_the_users_client(address, tmp_path):
+    flow = flow_dict(**{"trainer.steps": 10_000, "eval.every": 0})
+    with Client(address) as client:  # a client the user already has: the run joins its scheduler
+        t0 = time.monotonic()
+        run = rollart_dask.launch(flow, client=client, out=tmp_path, rollout__batch_groups=1)
+        assert time.monotonic() - t0 < 5 and run.status in ("starting", "running")
+        assert run.cfg.cluster.scheduler == client.scheduler.address and run.cfg.rollout.batch_groups == 1
+        wait_for(lambda: len(run.metrics) >= 3, what="three training steps")
+        assert {"step", "reward_mean", "loss", "tasks.frozenlake.success"} <= set(run.metrics.columns)
+        assert run.metrics["step"].is_monotonic_increasing
+
+        run.pause()
+        wait_for(lambda: run.status == "paused", what="pause")
+        inner = run._run
+        wait_for(lambda: not inner.members, timeout=120, what="in-flight trajectories to finish")  # they finish, none is dropped
+        opened, cancelled = inner.buffer.opened, inner.buffer.counts.get("cancelled", 0)
+        time.sleep(2.0)
+        assert inner.buffer.opened == opened and not inner.members  # no new trajectories while paused
+        assert inner.buffer.counts.get("cancelled", 0) == cancelled
+
+        run.resume()
+        wait_for(lambda: inner.buffer.opened > opened, what="new groups after resume")
+        assert run.status == "running"
+
+        result = run.stop(timeout=240)
+    steps = run.metrics
+    assert run.status == "finished" and result["steps"] == len(steps) >= 3
+    assert result["last"]["version"] == steps["step"].iloc[-1]  # the last step was published and evaluated
+    assert run.checkpoint_path and (tmp_path / "checkpoints" / "latest").exists()
+    assert len(run.evals) == 2 and "eval.frozenlake.success" in run.evals.columns
+
+
+def test_launch_reports_a_bad_flow_at_once_and_a_failed_run_on_wait(tmp_path):
+    import pytest
+
+    from rollart_dask.config import FlowError
+
+    with pytest.raises(FlowError, match="rollout.alpah"):
+        rollart_dask.launch(flow_dict(), out=tmp_path, rollout__alpah=2)
+    run = rollart_dask.launch(flow_dict(**{"cluster.scheduler": "tcp://127.0.0.1:9"}), out=tmp_path)  # nothing listens there
+    with pytest.raises(Exception):
+        run.wait(timeout=120)
+    assert run.status == "failed" and run.error is not None
