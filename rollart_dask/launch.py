@@ -118,6 +118,33 @@ class RunHandle:
     def __await__(self):
         return asyncio.get_running_loop().run_in_executor(None, self.wait).__await__()
 
+    def _repr_html_(self) -> str:
+        """The notebook view (like a distributed.Client's): flow, mode, pools, dashboard, progress."""
+        from html import escape
+
+        cfg, run = self.cfg, self._run
+        r = cfg.rollout
+        rows = [("flow", cfg.name), ("status", self.status), ("mode", f"{r.mode} ({r.level} level), α={r.alpha}, G={r.group_size}, "
+                                                                          f"{r.batch_groups} groups/step"),
+                ("tasks", ", ".join(t.name for t in cfg.tasks)), ("output", str(self.out))]
+        if run is not None:
+            link = run.client.dashboard_link
+            rows.append(("dashboard", f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'))
+            pools = {p: [run.poolmap.name(a) for a in run.poolmap.members(p)] for p in ("H800", "H20", "CPU", "TRAIN", "REWARD", "SERVERLESS")}
+            rows.append(("pools", "; ".join(f"{p}: {', '.join(ws)}" for p, ws in pools.items() if ws)))
+            steps = len(self._rows("step"))
+            pct = 100.0 * steps / max(cfg.trainer.steps, 1)
+            rows.append(("steps", f'<progress value="{steps}" max="{cfg.trainer.steps}"></progress> {steps} / {cfg.trainer.steps} ({pct:.0f}%)'))
+            evals = self._rows("eval")
+            if evals:
+                first, last = evals[0], evals[-1]
+                rows.append(("held-out", ", ".join(f"{t} {first['eval'][t]['success']:.2f} → {e['success']:.2f}" for t, e in last["eval"].items())))
+        if self.error is not None:
+            rows.append(("error", escape(repr(self.error))))
+        cells = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
+                        f"{v if k in ('dashboard', 'steps') else escape(v)}</td></tr>" for k, v in rows)
+        return f"<div><strong>rollart-dask run</strong><table>{cells}</table></div>"
+
     def __repr__(self) -> str:
         steps = len(self._rows("step"))
         return f"<RunHandle {self.cfg.name!r} {self.status}: {steps} steps, out={self.out}>"

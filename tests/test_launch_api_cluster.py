@@ -26,6 +26,8 @@ def test_launch_pause_resume_stop_with_the_users_client(address, tmp_path):
         wait_for(lambda: len(run.metrics) >= 3, what="three training steps")
         assert {"step", "reward_mean", "loss", "tasks.frozenlake.success"} <= set(run.metrics.columns)
         assert run.metrics["step"].is_monotonic_increasing
+        html = run._repr_html_()  # the notebook view: pools with their workers, the dashboard link, progress
+        assert client.dashboard_link in html and "H800: " in html and "train-0" in html and "<progress" in html and "α=1" in html
 
         run.pause()
         wait_for(lambda: run.status == "paused", what="pause")
