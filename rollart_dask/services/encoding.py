@@ -53,10 +53,11 @@ class ChoiceTrie:
         return out, allowed
 
 
-def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
-    """An observation as the model sees it: one user message through the chat template."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                              add_generation_prompt=False, return_dict=False))
+def chat_prompt_ids(tokenizer, prompt: str | list[dict], add_generation_prompt: bool = False) -> list[int]:
+    """A prompt as the model sees it through the chat template: an observation (one user
+    message) or a list of chat messages."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False))
 
 
 def choice_trie(tokenizer, choices) -> ChoiceTrie:

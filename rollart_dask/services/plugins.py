@@ -155,8 +155,9 @@ def reward_batch(items: list[dict]) -> list:
     judge: the control plane sends them to the REWARD pool) as one batched generation."""
     runner = service(REWARD)
     out: list = [None] * len(items)
-    judged = [i for i, item in enumerate(items) if runner.is_stateful(item["reward"])]
-    plain = [i for i in range(len(items)) if i not in set(judged)]
+    stateful = [runner.is_stateful(item["reward"]) for item in items]
+    judged = [i for i, s in enumerate(stateful) if s]
+    plain = [i for i, s in enumerate(stateful) if not s]
     for i, r in zip(plain, _per_item(runner.score, [items[i] for i in plain], runner.map)):
         out[i] = r
     for i, r in zip(judged, runner.score_stateful([items[i] for i in judged]) if judged else []):

@@ -21,6 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from ..registry import get_reward, stateful_reward
+from .encoding import chat_prompt_ids
 
 
 def _check(name: str, out) -> dict:
@@ -95,8 +96,12 @@ class RewardRunner:
         st["calls"] += n
         st["local_calls"] += n
         st["busy_s"] += seconds
-        st[f"calls:{name}"] = st.get(f"calls:{name}", 0) + n
-        st[f"time_s:{name}"] = st.get(f"time_s:{name}", 0.0) + seconds
+        self._count_reward(name, n, seconds)
+
+    def _count_reward(self, name: str, n: int, seconds: float) -> None:
+        """Per-reward calls and the time callers waited for them (``rewards.<name>`` metrics)."""
+        self.stats[f"calls:{name}"] = self.stats.get(f"calls:{name}", 0) + n
+        self.stats[f"time_s:{name}"] = self.stats.get(f"time_s:{name}", 0.0) + seconds
 
     # -- stateful rewards (the judge) ---------------------------------------------------------
     def judge_engine(self):
@@ -119,9 +124,8 @@ class RewardRunner:
         return self._judge
 
     def _judge_request(self, engine, req: dict) -> dict:
-        messages = req.get("messages") or [{"role": "user", "content": req["prompt"]}]
-        ids = engine.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
-        return {"id": f"judge-{uuid.uuid4().hex[:12]}", "prompt_ids": list(ids), "choices": req.get("choices"),
+        ids = chat_prompt_ids(engine.tokenizer, req.get("messages") or req["prompt"], add_generation_prompt=True)
+        return {"id": f"judge-{uuid.uuid4().hex[:12]}", "prompt_ids": ids, "choices": req.get("choices"),
                 "max_tokens": int(req.get("max_tokens", 16)), "temperature": float(req.get("temperature", 0.0))}
 
     def score_stateful(self, items: list[dict]) -> list[tuple]:
@@ -191,6 +195,5 @@ class RewardRunner:
         self.stats["throttles"] += st.throttles
         self.stats["retries"] += st.retries
         self.stats["billed_ms"] += float(st.billed_ms or 0)
-        self.stats[f"calls:{name}"] = self.stats.get(f"calls:{name}", 0) + 1
-        self.stats[f"time_s:{name}"] = self.stats.get(f"time_s:{name}", 0.0) + seconds  # the invocation's wall time, as the caller waits it
+        self._count_reward(name, 1, seconds)  # the invocation's wall time, as the caller waits it
         # the caller's busy time is waiting, not reward compute: billed duration is the capacity used
