@@ -30,6 +30,10 @@ test: $(STAMP)
 	@if [ -n "$$CI" ] && ! command -v dockerd >/dev/null && command -v apt-get >/dev/null; then \
 		apt-get install -y -q docker.io >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q docker.io >/dev/null 2>&1) \
 		|| echo "docker.io could not be installed: the docker sandbox tests will be skipped"; fi
+	@# The RollArt dashboard page is tested in Debian's headless Chromium (through playwright) when CI can install it.
+	@if [ -n "$$CI" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) \
+		|| echo "chromium could not be installed: the dashboard browser test will be skipped"; fi
 	$(BIN)/python -m pytest -q -m "not slow"
 	@if [ -n "$$CI" ]; then timeout 1500 $(BIN)/python -m pytest -q -m slow || exit $$?; fi
 

@@ -74,6 +74,17 @@ class LognormalLatency(_Model):
         return x if self.cap_s is None else min(x, self.cap_s)
 
 
+class NormalLatency(_Model):
+    dist: Literal["normal"]
+    mean_s: float = Field(ge=0, description="mean seconds before truncation")
+    sd_s: float = Field(ge=0, description="standard deviation, seconds (the paper's env latency σ)")
+    cap_s: float | None = Field(None, gt=0)
+
+    def value(self, z: float, u: float) -> float:
+        x = max(0.0, self.mean_s + self.sd_s * z)  # truncated at zero: a latency is never negative
+        return x if self.cap_s is None else min(x, self.cap_s)
+
+
 class EmpiricalLatency(_Model):
     dist: Literal["empirical"]
     file: str = Field(description="CSV of observed seconds (first column; '#' comments and a header row allowed); "
@@ -101,7 +112,7 @@ class EmpiricalLatency(_Model):
         return x if self.cap_s is None else min(x, self.cap_s)
 
 
-Latency = Annotated[NoLatency | ConstantLatency | LognormalLatency | EmpiricalLatency, Field(discriminator="dist")]
+Latency = Annotated[NoLatency | ConstantLatency | LognormalLatency | NormalLatency | EmpiricalLatency, Field(discriminator="dist")]
 
 
 class InjectSpec(_Model):
@@ -148,7 +159,7 @@ def _explain(e: ValidationError) -> str:
             allowed = ", ".join(model.model_fields)
             lines.append(f"injection spec: unknown key {key!r}; allowed: {allowed}")
         elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            lines.append(f"injection spec: {key}.dist is required, one of: none, constant, lognormal, empirical")
+            lines.append(f"injection spec: {key}.dist is required, one of: none, constant, lognormal, normal, empirical")
         elif err["type"] == "value_error":
             lines.append(f"injection spec: {key}: {err['ctx']['error']}")
         else:
@@ -158,7 +169,7 @@ def _explain(e: ValidationError) -> str:
 
 def _model_at(loc: tuple) -> type[BaseModel]:
     if len(loc) >= 3 and str(loc[0]).endswith("_latency"):
-        return {"none": NoLatency, "constant": ConstantLatency, "lognormal": LognormalLatency,
+        return {"none": NoLatency, "constant": ConstantLatency, "lognormal": LognormalLatency, "normal": NormalLatency,
                 "empirical": EmpiricalLatency}.get(str(loc[1]), InjectSpec)
     return InjectSpec
 

@@ -17,6 +17,8 @@ def cache_dir() -> Path:
 
 
 def prepare_model(cfg: FlowConfig) -> Path:
+    if cfg.emulated:  # EMULATED engines and trainer have no weights: their model is a timing profile
+        return Path(f"emulated:{cfg.emulation.model}")
     if cfg.model.kind == "path":
         path = Path(cfg.model.path)  # type: ignore[arg-type]
         if not (path / "config.json").exists():
@@ -48,10 +50,17 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         console.print(f"dashboard: {client.dashboard_link}")
         run = Run(cfg, client, out, model_dir, resume=resume)
         await run.setup()
+        if run.dashboard_url:
+            console.print(f"rollart page: {run.dashboard_url}")
         console.print(f"engine backend: {run.engine_backend} (asked: {cfg.engine.backend})")
         emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
         if emulated:
             console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
+        if cfg.emulated:
+            e = cfg.emulation
+            pools = ", ".join(f"{p}: {s.gpus}x{s.gpu} tp{s.tp}/worker" for p, s in e.pools.items() if p in run.layout)
+            emulated["hardware"] = f"{e.model} on {pools}; trainer {e.trainer.gpus}x{e.trainer.gpu}; time_scale {e.time_scale}"
+            console.print(f"[bold yellow]EMULATED[/bold yellow] hardware timing (no model runs): {emulated['hardware']}")
         write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": run.engine_backend, "engines": run.layout,
                                    "scheduler": client.scheduler.address, "emulated": emulated, "rewards": run.rewards.where})
         if on_ready is not None:

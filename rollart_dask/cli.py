@@ -80,6 +80,30 @@ def run(flow, overrides, scheduler, out, resume):
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
 
 
+@main.command()
+@click.argument("name")
+@click.option("--quick", is_flag=True, help="the short versions (all of them together: under 15 minutes on 2 cores)")
+@click.option("--tiny", is_flag=True, help="the smallest that still measures (the test suite's)")
+@click.option("--out", default="runs/ablations", show_default=True, type=click.Path(file_okay=False), help="one folder per ablation under it")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every variant")
+def ablate(name, quick, tiny, out, overrides):
+    """Run ablation NAME (a file in flows/ablations/, or 'all') on EMULATED hardware: every variant side by side,
+    reported beside the paper and beside its own ideal (results.csv, results.md, results.png)."""
+    from .ablation import ablation_names, load_ablation, run_ablation
+
+    names = ablation_names() if name == "all" else [name]
+    t0 = time.monotonic()
+    try:
+        specs = [load_ablation(n) for n in names]
+        for (spec, path), n in zip(specs, names):
+            target = Path(out) / Path(n).stem
+            run_ablation(spec, path, target, quick=quick, tiny=tiny, extra=list(overrides))
+            click.echo((target / "results.md").read_text())
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    click.echo(f"{len(names)} ablation(s) in {time.monotonic() - t0:.0f} s; reports under {out}/")
+
+
 @main.group()
 def envs():
     """Environments: list them, play one by hand."""
@@ -183,7 +207,7 @@ def rewards_deploy(reward, function_name, endpoint_url, region, role_arn, timeou
 
 @main.group()
 def cluster():
-    """The embedded local cluster."""
+    """The embedded local cluster; check a running one against a flow."""
 
 
 @cluster.command("up")
@@ -213,6 +237,51 @@ def cluster_up(flow):
         asyncio.run(up())
     except KeyboardInterrupt:
         pass
+
+
+@cluster.command("check")
+@click.argument("flow", required=False, type=click.Path(dir_okay=False))
+@click.option("--scheduler", default=None, metavar="ADDR", help="the scheduler to check (default: FLOW's cluster.scheduler, else the embedded cluster)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, as for `rollart run`")
+def cluster_check(flow, scheduler, overrides):
+    """List the pools of a cluster with their workers and, given FLOW, whether it can run there (non-zero exit if not)."""
+    from rich.console import Console
+
+    from .cluster import connect
+    from .cluster_check import check_cluster, pools_table
+    from .config import ClusterConfig
+
+    try:
+        cfg = load_flow(flow, list(overrides)) if flow else None
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    ccfg = cfg.cluster.model_copy() if cfg else ClusterConfig()
+    if scheduler:
+        ccfg.scheduler = scheduler
+
+    async def snapshot():
+        client, cl = await connect(ccfg)
+        try:
+            return client.scheduler.address, await client.scheduler.identity()
+        finally:
+            await client.close()
+            if cl:
+                await cl.close()
+
+    try:
+        address, info = asyncio.run(snapshot())
+    except OSError as e:  # unreachable scheduler: distributed raises OSError after its connect timeout
+        raise click.ClickException(f"cannot reach scheduler {ccfg.scheduler}: {e}")
+    rows, problems = check_cluster(info, cfg)
+    title = f"{address}: {len(info['workers'])} workers" + (f" — flow {cfg.name}" if cfg else "")
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)  # a log or a pipe: one line per worker rather than 80-column wrapping
+    out.print(pools_table(rows, title))
+    if problems:
+        raise click.ClickException(f"flow {cfg.name} cannot run on {address}: " + "; ".join(problems))
+    if cfg:
+        out.print(f"flow {cfg.name} can run on {address}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ No Dask here. Every knob has its default in this file, with a help string.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,7 +67,8 @@ class ModelConfig(Strict):
 
 
 class EngineConfig(Strict):
-    backend: Literal["auto", "torch", "vllm"] = Field("auto", description="auto: vllm when importable, else torch (the choice is printed and recorded)")
+    backend: Literal["auto", "torch", "vllm", "emulated"] = Field("auto", description="auto: vllm when importable, else torch (the choice is printed "
+                                                                  "and recorded); emulated: EMULATED hardware timing for system ablations (see emulation:)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
     constrained: bool = Field(True, description="restrict decoding to the env's action choices")
     max_batch: int = Field(1024, ge=1, description="most requests one engine decodes together")
@@ -100,6 +102,10 @@ class RolloutConfig(Strict):
     mode: Literal["sync", "one_off", "rollart"] = "rollart"
     level: Literal["trajectory", "batch"] | None = Field(None, description="default: batch for sync/one_off, trajectory for rollart")
     alpha: int | None = Field(None, ge=0, description="staleness bound; default: 0 sync, 1 one_off, 1 rollart")
+    admission: Literal["safe", "eager"] = Field("safe", description="when a new group may start. safe: only if it would be fresh enough "
+                                                "were groups consumed in admission order (no stale aborts; α=1 then keeps one batch "
+                                                "in flight between steps). eager (the paper's): up to (α+1) batches not yet trained; "
+                                                "groups that outlive the staleness bound are aborted and relaunched (counted)")
     group_size: int = Field(8, ge=1, description="GRPO group size G")
     redundancy: int = Field(0, ge=0, description="extra trajectories launched per group (keep the first G)")
     batch_groups: int = Field(16, ge=1, description="groups per training batch")
@@ -127,7 +133,8 @@ class RolloutConfig(Strict):
 
 
 class TrainerConfig(Strict):
-    backend: Literal["torch"] = "torch"
+    backend: Literal["torch", "emulated"] = Field("torch", description="emulated: EMULATED step time from the emulation: profile (ablations; "
+                                                                      "goes with engine.backend=emulated)")
     steps: int = Field(200, ge=1, description="training steps (published versions)")
     max_minutes: float | None = Field(None, gt=0, description="stop training after this wall time (final eval still runs)")
     lr: float = Field(3e-4, gt=0)
@@ -187,6 +194,36 @@ class WeightsConfig(Strict):
     store: Literal["dask"] = Field("dask", description="dask: weights stay on the trainer worker, engines pull peer-to-peer")
 
 
+class EmulatedPool(Strict):
+    gpu: Literal["H800", "H20"] = Field(description="hardware profile of this pool's GPUs (emulation/hardware.py)")
+    gpus: int = Field(ge=0, description="GPUs per engine worker of this pool (0: the pool generates nothing)")
+    tp: int = Field(1, ge=1, description="tensor-parallel size: one engine instance per tp GPUs")
+
+    @model_validator(mode="after")
+    def _whole_instances(self):
+        if self.gpus % self.tp:
+            raise ValueError(f"gpus ({self.gpus}) must be a multiple of tp ({self.tp})")
+        return self
+
+
+class EmulatedTrainer(Strict):
+    gpu: Literal["H800", "H20"] = "H800"
+    gpus: int = Field(8, ge=1, description="training GPUs (their capacities add up)")
+
+
+class EmulationConfig(Strict):
+    """EMULATED hardware for system ablations: engines and trainer keep the real contracts and the real runtime
+    drives them, but their timing comes from these profiles, slept at ``time_scale``. Never a training default."""
+
+    model: Literal["Qwen3-8B", "Qwen3-14B", "Qwen3-32B"] = Field("Qwen3-8B", description="model profile (emulation/hardware.py)")
+    time_scale: float = Field(0.02, ge=0, description="wall seconds per emulated second (0: no sleeping, a null engine/trainer); "
+                                                      "env injection (tasks.*.inject) defaults to the same scale")
+    pools: dict[Literal["H800", "H20"], EmulatedPool] = Field(
+        default_factory=lambda: {"H800": EmulatedPool(gpu="H800", gpus=8), "H20": EmulatedPool(gpu="H20", gpus=8)},
+        description="per engine pool: the GPUs each of its engine workers emulates")
+    trainer: EmulatedTrainer = Field(default_factory=EmulatedTrainer)
+
+
 class EvalConfig(Strict):
     every: int = Field(10, ge=0, description="steps between held-out evaluations (0 = only first and last)")
     seeds: int = Field(200, ge=1, description="held-out seeds per task")
@@ -210,6 +247,7 @@ class FlowConfig(Strict):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     warmstart: WarmStartConfig = Field(default_factory=WarmStartConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    emulation: EmulationConfig = Field(default_factory=EmulationConfig, description="used only when engine/trainer backend is emulated")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
@@ -225,6 +263,32 @@ class FlowConfig(Strict):
         if unknown:
             raise ValueError(f"warmstart.tasks: unknown task(s) {unknown}; tasks of this flow: {names}")
         return self
+
+    @model_validator(mode="after")
+    def _emulated(self):
+        engine, trainer = self.engine.backend == "emulated", self.trainer.backend == "emulated"
+        if engine != trainer:  # a real trainer cannot learn from synthetic token ids, nor can emulated timing mix with real
+            raise ValueError(f"engine.backend and trainer.backend are emulated together or not at all "
+                             f"(got engine.backend={self.engine.backend}, trainer.backend={self.trainer.backend})")
+        if not engine:
+            return self
+        if self.warmstart.steps:
+            raise ValueError("warmstart.steps: an emulated run has no policy to warm-start; set warmstart.steps=0")
+        for t in self.tasks:  # env latency is emulated seconds too: one clock for the whole run
+            if t.env == "synthetic" and "time_scale" not in t.env_args:  # its reward cost, in emulated seconds
+                t.env_args = {**t.env_args, "time_scale": self.emulation.time_scale}
+            if t.inject is not None:
+                scale = t.inject.get("time_scale")
+                if scale is None:
+                    t.inject = {**t.inject, "time_scale": self.emulation.time_scale}
+                elif float(scale) != self.emulation.time_scale:
+                    raise ValueError(f"tasks.{t.name}.inject.time_scale ({scale}) differs from emulation.time_scale "
+                                     f"({self.emulation.time_scale}); leave it out to use the emulation's")
+        return self
+
+    @property
+    def emulated(self) -> bool:
+        return self.engine.backend == "emulated"
 
 
 class FlowError(ValueError):
@@ -313,7 +377,7 @@ def load_flow(path: str | Path | None = None, overrides: list[str] | None = None
         data = yaml.safe_load(p.read_text()) or {}
         if not isinstance(data, dict):
             raise FlowError(f"{p}: a flow is a YAML mapping at top level")
-    data = apply_overrides(data, list(overrides or []))
+    data = apply_overrides(copy.deepcopy(data), list(overrides or []))  # the caller's dict is left as it was
     try:
         return FlowConfig.model_validate(data)
     except ValidationError as err:

@@ -86,7 +86,8 @@ class EnvManager:
             if worker not in self.env_workers:
                 raise WorkerLost(f"env worker {worker} left the cluster")
             try:
-                return await self.d.call(stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
+                return await self.d.call(stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s,
+                                         streamed=True)
             except (CallFailed, TimeoutError):
                 self.counts[f"{stage}_errors"] += 1
                 if attempt == retries:
@@ -112,9 +113,10 @@ class EnvManager:
             self.stage[tid] = "env-reset"
             reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed, "inject": task.inject,
                      "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0"}
-            obs, info = await self._env("env-reset", plugins.env_reset_batch, reset, worker, self.rollout.retries)
+            obs, info = await self._env("env-reset", plugins.env_reset_stream, reset, worker, self.rollout.retries)
             choices = info.get("action_choices") if self.engine.constrained else None
             final_info: dict = {}
+            emulate = info.get("emulate")  # an EMULATED workload env's lengths for the next turn
             budget = task.token_budget
             term = False
             for turn in range(task.max_turns):
@@ -125,7 +127,7 @@ class EnvManager:
                     await barrier.wait()
                 self.stage[tid] = "generate"
                 max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
-                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature)
+                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate)
                 if budget is not None:
                     budget -= len(c.token_ids)
                 if traj.version is None:
@@ -135,10 +137,10 @@ class EnvManager:
                 self.stage[tid] = "env-step"
                 last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
                 # env.step is not idempotent: no retry (a failed step fails the trajectory)
-                nobs, r, term, trunc, final_info = await self._env("env-step", plugins.env_step_batch, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
+                nobs, r, term, trunc, final_info = await self._env("env-step", plugins.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
                 traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
                                        allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r))
-                obs = nobs
+                obs, emulate = nobs, final_info.get("emulate")
                 if term or trunc:
                     break
             if in_barrier:

@@ -80,6 +80,11 @@ class RunHandle:
         return pd.json_normalize(self._rows("eval"))
 
     @property
+    def dashboard_url(self) -> str | None:
+        """The RollArt page of the Dask dashboard (trajectories, pools, staleness, versions live)."""
+        return self._run.dashboard_url if self._run is not None else None
+
+    @property
     def checkpoint_path(self) -> str | None:
         if self.result is not None:
             return self.result["checkpoint"]
@@ -130,6 +135,8 @@ class RunHandle:
         if run is not None:
             link = run.client.dashboard_link
             rows.append(("dashboard", f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'))
+            if run.dashboard_url:
+                rows.append(("rollart page", f'<a href="{escape(run.dashboard_url)}" target="_blank">{escape(run.dashboard_url)}</a>'))
             pools = {p: [run.poolmap.name(a) for a in run.poolmap.members(p)] for p in ("H800", "H20", "CPU", "TRAIN", "REWARD", "SERVERLESS")}
             rows.append(("pools", "; ".join(f"{p}: {', '.join(ws)}" for p, ws in pools.items() if ws)))
             steps = len(self._rows("step"))
@@ -142,7 +149,7 @@ class RunHandle:
         if self.error is not None:
             rows.append(("error", escape(repr(self.error))))
         cells = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
-                        f"{v if k in ('dashboard', 'steps') else escape(v)}</td></tr>" for k, v in rows)
+                        f"{v if k in ('dashboard', 'rollart page', 'steps') else escape(v)}</td></tr>" for k, v in rows)
         return f"<div><strong>rollart-dask run</strong><table>{cells}</table></div>"
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+from . import dashboard, phases
 from .algo.advantages import ADVANTAGES
 from .buffer import Group, Orders, SampleBuffer
 from .config import FlowConfig, TaskConfig, resolve_engine_backend, task_pool
@@ -75,12 +76,22 @@ class Run:
         self._base_version = 0
         self._fatal: Exception | None = None  # set by the worker monitor when the trainer or an engine is lost
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
+        self.run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"  # tells this run's dashboard snapshots from other runs' on the scheduler
+        self.syncs: list[dict] = []  # one per weight sync: when, from and to which version, phase times (dashboard timeline)
+        self.dashboard_url: str | None = None  # the RollArt page, once its plugin is on the scheduler
+        self._run_span: dict | None = None  # Dask span of the whole run (see run())
+        self._step_span: dict | None = None  # Dask span of the current training step (phases nest in it)
+        self._rollout_span: dict | None = None  # Dask span of all rollout trajectories
+        self._traj_s: list[float] = []  # rollout time of trajectories finished since the last step (launch → reward)
 
     # -- set-up: resource plane + data plane ---------------------------------------------------
     async def setup(self) -> None:
         info = await self.client.scheduler.identity()
         self.poolmap = PoolMap.from_scheduler_info(info)
         self.poolmap.validate(needed_pools(self.cfg))
+        self.dashboard_url, why = await dashboard.register(self.client)
+        if why:
+            console.print(f"[yellow]no RollArt dashboard page: {why} (it needs rollart_dask and bokeh where the scheduler runs)[/yellow]")
         self.trainer = self.poolmap.members("TRAIN")[0]
         pools = engine_pools(self.cfg, self.poolmap)
         engines = {p: self.poolmap.engine_workers(p) for p in pools}
@@ -92,14 +103,16 @@ class Run:
         reward_spec = await self.rewards.start()
         await self.client.register_plugin(plugins.RewardPlugin([self.reward_pool], **reward_spec), name=plugins.REWARD)
         self.engine_backend = resolve_engine_backend(self.cfg.engine)
+        emulated = {"emulation": self.cfg.emulation.model_dump()} if self.cfg.emulated else {}  # EMULATED timing profiles
         await self.client.register_plugin(plugins.EnginePlugin(pools, exclude=["TRAIN"], model_dir=md, seed=self.cfg.seed, max_batch=self.cfg.engine.max_batch,
-                                                               backend=self.engine_backend), name=plugins.ENGINE)
+                                                               backend=self.engine_backend, **emulated), name=plugins.ENGINE)
         await self.client.register_plugin(
             plugins.TrainerPlugin(["TRAIN"], model_dir=md, lr=tr.lr, weight_decay=tr.weight_decay, clip=tr.clip, entropy_coef=tr.entropy_coef,
                                   max_grad_norm=tr.max_grad_norm, temperature=self.cfg.engine.temperature, seed=self.cfg.seed,
-                                  micro_batch_tokens=tr.micro_batch_tokens),
+                                  micro_batch_tokens=tr.micro_batch_tokens, **emulated),
             name=plugins.TRAINER)
-        self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s)
+        # the emulated engine batches continuously across calls (a real engine runs one batch per call)
+        self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s, streamed=self.cfg.emulated)
         self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine,
                              reward_pool=self.reward_pool, reward_functions=self.rewards.functions, stateful_rewards=self.rewards.stateful)
         self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
@@ -166,6 +179,11 @@ class Run:
 
     # -- launching trajectories ----------------------------------------------------------------
     def _limit(self) -> int:
+        """Groups that may have been admitted so far. ``safe``: none that would be stale if groups were
+        consumed in admission order (engine version + α + 1 batches). ``eager`` (the paper's): up to
+        (α + 1) batches not yet trained, in flight or ready; those that outlive the bound are aborted."""
+        if self.cfg.rollout.admission == "eager" and self.alpha > 0:
+            return self.buffer.counts["groups_trained"] + (self.alpha + 1) * self.B
         return (self.proxy.version - self._base_version + self.alpha + 1) * self.B
 
     def _open_group(self, barrier: TurnBarrier | None) -> str:
@@ -210,9 +228,13 @@ class Run:
 
     async def _member(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None) -> None:
         orders = Orders()
+        t0 = time.monotonic()
         try:
-            await self.em.run(traj, task, barrier, on_start=self.buffer.started)
+            # a member started from inside a phase (a replacement) still counts as rollout, not as that phase
+            with phases.within(self._rollout_span):
+                await self.em.run(traj, task, barrier, on_start=self.buffer.started)
             orders = self.buffer.finished(traj)
+            self._traj_s.append(time.monotonic() - t0)
             self.counts["turns"] += len(traj.turns)
             self._last_progress = time.monotonic()  # only a finished trajectory is progress, not a failure
         except (TrajectoryCancelled, asyncio.CancelledError):
@@ -242,6 +264,7 @@ class Run:
             self._carry_out(self.buffer.enforce_staleness(self.published))
             groups = self.buffer.take(self.B)
             if groups is not None:
+                self._wake_launcher.set()  # eager admission counts trained groups: room for more
                 return groups
             self._wake_batch.clear()
             await self._wake_batch.wait()
@@ -251,16 +274,22 @@ class Run:
         if self.published <= self.proxy.version:
             return {}
         t = {}
+        started, previous = time.monotonic(), self.proxy.version
         t0 = time.perf_counter()
-        await self.proxy.suspend()
+        with phases.phase(self._step_span, "suspend"):
+            await self.proxy.suspend()
         t["suspend_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        await self.proxy.update_weights(self.published, self._weights)
+        with phases.phase(self._step_span, "update-weights"):
+            await self.proxy.update_weights(self.published, self._weights)
         t["update_s"] = time.perf_counter() - t0
-        self.proxy.resume()
+        with phases.phase(self._step_span, "resume"):
+            self.proxy.resume()
         t0 = time.perf_counter()
-        await self.proxy.reset_prefix_cache()  # aborted turns re-prefill under the new weights
+        with phases.phase(self._step_span, "recompute-kv"):
+            await self.proxy.reset_prefix_cache()  # aborted turns re-prefill under the new weights
         t["recompute_kv_s"] = time.perf_counter() - t0
+        self.syncs.append({"at": started, "from": previous, "version": self.published, **t})
         self._carry_out(self.buffer.enforce_staleness(self.published))
         self._wake_launcher.set()
         return t
@@ -285,7 +314,7 @@ class Run:
                 for turn in traj.turns:
                     samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
                                     "allowed_ids": turn.allowed_ids, "advantage": a})
-        stats = {"reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
+        stats = {"trajectories": len(rewards), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
                  "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards),
                  "tasks": {name: {"groups": pt["groups"], "trajectories": pt["trajectories"], "reward_mean": pt["reward_sum"] / pt["trajectories"],
                                   "success": pt["success_sum"] / pt["trajectories"], "turns_per_traj": pt["turns"] / pt["trajectories"]}
@@ -330,9 +359,11 @@ class Run:
             return {"success": sum(float(t.success) for t in ok) / n, "reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
                     "failed_calls": n - len(ok), "seeds": n, "seconds": round(time.monotonic() - t0, 2)}
 
-        # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
-        results = await asyncio.gather(*(one(task) for task in self.cfg.tasks))
-        out = {task.name: r for task, r in zip(self.cfg.tasks, results)}
+        if self.cfg.emulated:  # EMULATED: synthetic tokens, no policy to score
+            out = {}
+        else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
+            results = await asyncio.gather(*(one(task) for task in self.cfg.tasks))
+            out = {task.name: r for task, r in zip(self.cfg.tasks, results)}
         row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start,
                "eval_s": time.monotonic() - t0}
         self.history.append(row)
@@ -386,6 +417,13 @@ class Run:
                     self.em.worker_joined(addr)
             known = now
 
+    async def _publish(self) -> None:
+        """The dashboard snapshot to the scheduler about once a second (see rollart_dask/dashboard)."""
+        while not self._stopping:
+            if not await dashboard.publish(self.client, self):
+                self.counts["dashboard_publish_failed"] += 1
+            await asyncio.sleep(1.0)
+
     # -- the whole run --------------------------------------------------------------------------
     async def pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
         """Busy fraction per pool since the last call: service busy seconds / (wall × services in the pool)."""
@@ -394,12 +432,17 @@ class Run:
         holders: Counter = Counter()
         flat = {}
         self._reward_stats = [services[plugins.REWARD] for services in stats.values() if plugins.REWARD in services]
+        self.service_s: Counter = Counter()  # per stage: seconds the calls spent inside the services (vs. the caller's wall)
         for addr, services in stats.items():
             for service, st in services.items():
                 pool = {plugins.ENVHOST: "CPU", plugins.REWARD: self.reward_pool}.get(service) or self.proxy.pool_of.get(addr, "?")
                 flat[(addr, service)] = st["busy_s"]
                 busy[pool] += st["busy_s"] - (prev or {}).get((addr, service), 0.0)
                 holders[pool] += 1
+                for stage, key in (("generate", "request_s"), ("env-reset", "resets_s"), ("env-step", "steps_s")):
+                    if key in st:
+                        flat[(addr, service, key)] = st[key]
+                        self.service_s[stage] += st[key] - (prev or {}).get((addr, service, key), 0.0)
         busy["TRAIN"], holders["TRAIN"], self._train_busy_s = self._train_busy_s, 1, 0.0
         return flat, {p: round(v / max(dt, 1e-9) / holders[p], 4) for p, v in busy.items()}
 
@@ -407,9 +450,13 @@ class Run:
         """Run the flow to its end; returns first/last held-out evaluations and the counts."""
         cfg = self.cfg
         t_start = self.t_start = self._last_progress = time.monotonic()  # set-up (model loads, warm start) is not a stall
-        self._bg = [asyncio.ensure_future(c) for c in (self._launcher(), self._watchdog(), self._monitor())]
+        # one Dask span for the run: the first evaluation, rollout and every step nest in it
+        self._run_span = self._step_span = phases.new_span("rollart")
+        self._rollout_span = phases.new_span("rollout", parent=self._run_span)
+        self._bg = [asyncio.ensure_future(c) for c in (self._launcher(), self._watchdog(), self._monitor(), self._publish())]
         try:
-            await self.evaluate()
+            with phases.phase(self._step_span, "eval"):
+                await self.evaluate()
             if on_step:
                 on_step(self)
             pending = None
@@ -417,14 +464,19 @@ class Run:
             t_prev = time.monotonic()
             steps_done = 0
             while steps_done < cfg.trainer.steps:
+                # a Dask span per step, named like the metrics row its Train publishes; each phase is a span inside it
+                self._step_span = phases.new_span(f"step-{self._base_version + steps_done + 1}", parent=self._run_span)
+                if pending is not None:  # the previous Train publishes its version first: the batch below trains at it,
+                    with phases.phase(self._step_span, "wait-train"):  # so its staleness is checked against it
+                        self._emit(await self._finish_train(pending))
+                    pending = None
                 t0 = time.perf_counter()
-                groups = await self._get_batch()  # 1. Get Batch
+                with phases.phase(self._step_span, "get-batch"):
+                    groups = await self._get_batch()  # 1. Get Batch
                 if groups is None:
                     console.print(f"stop requested: ending after {steps_done} steps")
                     break
                 row: dict = {"get_batch_s": time.perf_counter() - t0}
-                if pending is not None:
-                    self._emit(await self._finish_train(pending))  # the previous Train publishes its version
                 row.update(await self._sync_weights())  # 2-5. Suspend -> Update -> Resume -> Recompute KV
                 now = time.monotonic()
                 prev_busy, busy = await self.pool_busy(prev_busy, now - t_prev)
@@ -432,26 +484,31 @@ class Run:
                 row["reward"] = self.rewards.step_stats(self._reward_stats, now - t_prev, len(self._reward_stats))
                 row.update(pool_busy=busy, tokens_per_s=tokens / max(now - t_prev, 1e-9), elapsed_s=now - t_start,
                            buffer=dict(self.buffer.counts), futures=self.d.futures, calls=self.d.calls, reissued=self.proxy.reissued,
-                           stage_latency=self.d.drain_stats())
+                           stage_latency=self.d.drain_stats(), trajectory_s=self._drain_traj_s(), service_s=dict(self.service_s))
                 t_prev = now
-                pending = await self._train(groups, row)  # 6. Train (rollout goes on meanwhile)
+                with phases.phase(self._step_span, "train"):
+                    pending = await self._train(groups, row)  # 6. Train (rollout goes on meanwhile)
                 steps_done += 1
                 if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
-                    self._emit(await self._finish_train(pending))
+                    with phases.phase(self._step_span, "wait-train"):
+                        self._emit(await self._finish_train(pending))
                     pending = None
                     await self._sync_weights()
                 if cfg.eval.every and self.proxy.version % cfg.eval.every == 0 and self.proxy.version > self.history[-1]["version"]:
-                    await self.evaluate()
+                    with phases.phase(self._step_span, "eval"):
+                        await self.evaluate()
                 if on_step:
                     on_step(self)
                 if cfg.trainer.max_minutes and (time.monotonic() - t_start) > cfg.trainer.max_minutes * 60:
                     console.print(f"time limit of {cfg.trainer.max_minutes} min reached after {steps_done} steps")
                     break
             if pending is not None:
-                self._emit(await self._finish_train(pending))
-                await self._sync_weights()
+                with phases.phase(self._step_span, "wait-train"):
+                    self._emit(await self._finish_train(pending))
+            await self._sync_weights()  # the last published version (also when a stop ended the loop) reaches the engines
             if self.history[-1]["version"] != self.proxy.version:
-                await self.evaluate()
+                with phases.phase(self._step_span, "eval"):
+                    await self.evaluate()
             if on_step:
                 on_step(self)
             ckpt = await self.checkpoint()
@@ -459,6 +516,12 @@ class Run:
                     "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published - self._base_version}
         finally:
             await self.stop()
+
+    def _drain_traj_s(self) -> dict:
+        xs, self._traj_s = sorted(self._traj_s), []
+        if not xs:
+            return {"n": 0}
+        return {"n": len(xs), "mean": sum(xs) / len(xs), "p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))]}
 
     def _emit(self, row: dict) -> None:
         row = {"kind": "step", "step": self.published, "version": self.published, **row}
@@ -473,6 +536,8 @@ class Run:
         return saved
 
     async def stop(self) -> None:
+        if self._bg and not self._stopping:  # the page shows the run's end, not its last second
+            await dashboard.publish(self.client, self, final=True)
         self._stopping = True
         self._wake_launcher.set()
         for t in self._bg:
@@ -482,5 +547,6 @@ class Run:
             t.cancel()
         await asyncio.gather(*self._bg, *members, return_exceptions=True)
         self.metrics.close()
+        self.d.close()
         if getattr(self, "rewards", None) is not None:
             await asyncio.to_thread(self.rewards.close)

@@ -28,7 +28,7 @@ def worker_resources(pools: list[str]) -> dict[str, float]:
     return {p: TAG_CAPACITY for p in pools}
 
 
-def submit_kwargs(pool: str, worker: str | None = None, key: str | None = None) -> dict:
+def submit_kwargs(pool: str, worker: str | None = None, key: str | tuple | None = None) -> dict:
     """Dask submit arguments for a task of ``pool`` (optionally pinned to one worker of it)."""
     if pool not in POOLS:
         raise PoolError(f"unknown pool {pool!r}; pools are {', '.join(POOLS)}")

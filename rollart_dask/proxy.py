@@ -17,8 +17,9 @@ class TrajectoryCancelled(Exception):
 
 
 class LLMProxy:
-    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120):
+    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False):
         self.d = dispatcher
+        self.streamed = streamed  # engines that batch continuously across calls answer each request on its own
         self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → engine worker addresses
         self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}
         self.timeout_s = timeout_s
@@ -50,7 +51,9 @@ class LLMProxy:
         self.sticky[traj_id] = addr
         return addr
 
-    async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float) -> Completion:
+    async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
+                       emulate: dict | None = None) -> Completion:
+        """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it)."""
         while True:
             await self._open.wait()
             if traj_id in self.cancelled:
@@ -58,12 +61,16 @@ class LLMProxy:
             addr = self._pick(traj_id, pool)
             rid = f"{traj_id}#{uuid.uuid4().hex[:8]}"
             item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens, "temperature": temperature}
+            if emulate:
+                item["emulate"] = emulate
             self._inflight[rid] = (addr, traj_id)
             self._idle.clear()
             self.load[addr] += 1
             self.requests += 1
             try:
-                c: Completion = await self.d.call("generate", plugins.generate_batch, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s)
+                fn = plugins.generate_stream if self.streamed else plugins.generate_batch
+                c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s,
+                                                  streamed=self.streamed)
             except TimeoutError:
                 await self._abort({rid: addr})
                 raise

@@ -18,6 +18,7 @@ ENVS: dict[str, Any] = {
     "code": "envs.code_sandbox:CodeSandboxEnv",
     "gym": "envs.adapters:GymnasiumText",
     "textarena": "envs.adapters:TextArenaEnv",
+    "synthetic": "envs.synthetic:SyntheticAgentEnv",  # EMULATED workload shape, for ablations on emulated hardware
 }
 REWARDS: dict[str, Any] = {
     "frozenlake": "rewards.frozenlake:reward",
@@ -26,6 +27,7 @@ REWARDS: dict[str, Any] = {
     "code": "rewards.code:reward",
     "env_return": "rewards.env_return:reward",
     "judge": "rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
+    "emulated": "rewards.emulated:reward",  # EMULATED reward cost (sleeps), with the synthetic env
 }
 
 

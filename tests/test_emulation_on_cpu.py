@@ -140,7 +140,7 @@ def test_trainer_step_time_scales_with_tokens(tmp_path):
     m1, m2 = tr.train_step(small), tr.train_step(small * 4)
     assert m2["emulated_train_s"] == pytest.approx(4 * m1["emulated_train_s"]) and m2["version"] == 2
     assert m1["emulated_train_s"] == pytest.approx(train_step_seconds(QWEN3_8B, 8, 64 * 1024))
-    assert int(tr.state_dict()["emulated.version"][0]) == 2
+    assert tr.state_dict() == {"emulated.version": 2}
     tr.save_checkpoint(tmp_path / "ck")
     assert EmulatedTrainer().restore(tmp_path / "ck") == 2
 

@@ -242,7 +242,7 @@ def test_factories():
     ({"bogus": 1}, r"unknown key 'bogus'; allowed: seed, reset_latency, step_latency, reset_fail"),
     ({"reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1, "cap": 2}},
      r"unknown key 'reset_latency.cap'; allowed: dist, median_s, sigma, cap_s"),
-    ({"step_latency": {"dist": "gamma"}}, r"step_latency.dist is required, one of: none, constant, lognormal, empirical"),
+    ({"step_latency": {"dist": "gamma"}}, r"step_latency.dist is required, one of: none, constant, lognormal, normal, empirical"),
     ({"step_latency": {"median_s": 1}}, r"step_latency.dist is required"),
     ({"reset_latency": {"dist": "lognormal", "median_s": 0, "sigma": 1}}, r"reset_latency.median_s: Input should be greater than 0"),
     ({"reset_latency": {"dist": "lognormal", "median_s": 1}}, r"reset_latency.sigma: Field required"),

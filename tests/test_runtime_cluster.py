@@ -38,7 +38,8 @@ def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
                 "train": {"train-0"}, "publish": {"train-0"}, "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
     seen: dict[str, set] = {}
     for rec in stream:
-        prefix = rec["key"].rsplit("-", 1)[0] if isinstance(rec["key"], str) else str(rec["key"])
+        key = rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]  # ("stage-<span id>", "<id>") inside a span
+        prefix = key.rsplit("-", 1)[0] if isinstance(key, str) else str(key)
         seen.setdefault(prefix, set()).add(names[rec["worker"]])
     for stage, workers in expected.items():
         assert stage in seen, f"no {stage} task ran; saw {sorted(seen)}"

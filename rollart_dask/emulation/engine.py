@@ -11,7 +11,10 @@ Timing model (``ContinuousBatch``, pure and clock-free; the engine drives it aga
   ``decode_step_seconds(batch, total context)``; a request leaves as soon as its own output is
   done, so a long request never holds a short one back, and queued requests join at a step boundary.
 - Prefix cache: 16-token blocks chained by hash, LRU, as large as the KV capacity; a hit skips
-  the prefill of the cached tokens (the last prompt token is always recomputed).
+  the prefill of the cached tokens (the last prompt token is always recomputed). Requests of a
+  synthetic stream (``emulate``) skip the hashing: their ids are the stream's own prefix by
+  construction, so the cache keeps, per stream, how many of its leading tokens it holds (whole
+  blocks; LRU by stream, the same token capacity) — O(1) per request instead of O(context).
 
 Token ids are synthetic: one deterministic id stream per (seed, trajectory), where the trajectory
 is ``emulate["stream"]`` or the request id before ``#``. A prompt of n tokens is the stream's
@@ -31,7 +34,10 @@ import random
 import threading
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..types import Completion
 from .hardware import (
@@ -65,6 +71,7 @@ class Seq:
     version: int = 0
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
+    stream: str | None = None  # a synthetic stream: ids are ranges, the cache counts the stream's prefix
 
     @property
     def prompt_tokens(self) -> int:
@@ -99,6 +106,8 @@ class ContinuousBatch:
         self.kv_used = 0
         self.cache: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.cache_blocks = max(1, self.kv_capacity // BLOCK)
+        self.stream_cache: collections.OrderedDict[str, int] = collections.OrderedDict()  # stream → cached leading tokens
+        self._stream_tokens = 0
         self.counters = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0, "max_batch": 0}
 
     # -- queue ---------------------------------------------------------------------------------
@@ -123,19 +132,27 @@ class ContinuousBatch:
             return []
         flops = 0.0
         for s in group:  # in order, so identical prompts admitted together are computed once
-            hashes = block_hashes(s.prompt_ids)
-            hit = 0
-            for h in hashes:
-                if h not in self.cache:
-                    break
-                self.cache.move_to_end(h)
-                hit += BLOCK
+            if s.stream is not None:
+                hit = self.stream_cache.get(s.stream, 0)
+                if hit:
+                    self.stream_cache.move_to_end(s.stream)
+            else:
+                hashes = block_hashes(s.prompt_ids)
+                hit = 0
+                for h in hashes:
+                    if h not in self.cache:
+                        break
+                    self.cache.move_to_end(h)
+                    hit += BLOCK
             s.cached = min(hit, s.prompt_tokens - 1)
             new = s.prompt_tokens - s.cached
             flops += prefill_flops(self.model, new, s.cached)
             self.counters["prefill_tokens"] += new
             self.counters["cached_tokens"] += s.cached
-            self._remember(hashes)
+            if s.stream is not None:
+                self._remember_stream(s.stream, s.prompt_tokens)
+            else:
+                self._remember(hashes)
         self.clock += prefill_batch_seconds(self.model, self.gpu, flops, self.tp)
         done = []
         for s in group:
@@ -199,8 +216,10 @@ class ContinuousBatch:
                 self.decode(max(1, self.steps_to_next_finish()))
 
     def reset_cache(self) -> int:
-        n = len(self.cache)
+        n = len(self.cache) + sum(self.stream_cache.values()) // BLOCK
         self.cache.clear()
+        self.stream_cache.clear()
+        self._stream_tokens = 0
         return n
 
     # -- internals -----------------------------------------------------------------------------
@@ -211,7 +230,22 @@ class ContinuousBatch:
 
     def _finish(self, s: Seq, reason: str) -> None:
         s.finish, s.t_done = reason, self.clock
-        self._remember(block_hashes(s.prompt_ids + s.output_ids))
+        if s.stream is not None:
+            self._remember_stream(s.stream, s.prompt_tokens + s.output_tokens)
+        else:
+            self._remember(block_hashes(list(s.prompt_ids) + list(s.output_ids)))
+
+    def _remember_stream(self, stream: str, tokens: int) -> None:
+        blocks = tokens // BLOCK * BLOCK
+        old = self.stream_cache.get(stream, 0)
+        if blocks > old:
+            self.stream_cache[stream] = blocks
+            self._stream_tokens += blocks - old
+        if stream in self.stream_cache:
+            self.stream_cache.move_to_end(stream)
+        while self._stream_tokens > self.cache_blocks * BLOCK:
+            _, n = self.stream_cache.popitem(last=False)
+            self._stream_tokens -= n
 
     def _remember(self, hashes: list[int]) -> None:
         for h in hashes:
@@ -222,9 +256,9 @@ class ContinuousBatch:
 
 
 def _stream_ids(seed: int, key: str, start: int, n: int, vocab: int) -> list[int]:
-    rng = random.Random(zlib.crc32(f"{seed}:{key}".encode()))
-    ids = [rng.randrange(vocab) for _ in range(start + n)]
-    return ids[start:]
+    # numpy: a 30k-token multi-turn context is drawn in well under a millisecond (random.randrange: ~15 ms)
+    rng = np.random.default_rng(zlib.crc32(f"{seed}:{key}".encode()))
+    return rng.integers(0, vocab, start + n)[start:].tolist()
 
 
 class EmulatedEngine:
@@ -292,6 +326,10 @@ class EmulatedEngine:
         with self._cond:
             self.stats["tokens"] += sum(len(c.token_ids) for c in out)
             self.stats["requests"] += len(out)
+            # wall seconds the requests spent in the engine (queue + prefill + decode): what a generate call
+            # would cost with no control plane around it
+            self.stats["request_s"] = self.stats.get("request_s", 0.0) + sum(
+                max(0.0, (s.t_done or s.arrival) - s.arrival) for s in seqs) * self.time_scale
             for k, v in self.batch.counters.items():
                 self.stats[k] = v
         return out
@@ -362,7 +400,7 @@ class EmulatedEngine:
         hit = self._aborted & live
         if hit:
             self._release(self.batch.abort(hit))
-            self._aborted -= hit
+        self._aborted.clear()  # ids of requests already done (or on another instance) would pile up forever
 
     def _busy(self, emulated_s: float) -> None:
         self.stats["emulated_busy_s"] += emulated_s
@@ -379,8 +417,9 @@ class EmulatedEngine:
         emu = r.get("emulate") or {}
         rid = str(r["id"])
         key = str(emu.get("stream") or rid.split("#")[0])
-        if "prompt_tokens" in emu:
-            prompt = _stream_ids(self.seed, key, 0, int(emu["prompt_tokens"]), self.model.vocab)
+        stream = None
+        if "prompt_tokens" in emu:  # a synthetic stream: only counts matter, no ids are drawn
+            prompt, stream = range(int(emu["prompt_tokens"])), key
         elif r.get("prompt_ids") is not None:
             prompt = list(r["prompt_ids"])
         elif self.tokenizer is not None:
@@ -400,8 +439,9 @@ class EmulatedEngine:
             n = min(limit, max(1, math.ceil(len(text) / 4)))
         else:
             n = limit
-        s = Seq(rid, prompt, max(1, n), arrival=self._now(), version=self.version, text=text)
-        s.output_ids = _stream_ids(self.seed, key, len(prompt), s.output_tokens, self.model.vocab)
+        s = Seq(rid, prompt, max(1, n), arrival=self._now(), version=self.version, text=text, stream=stream)
+        s.output_ids = (range(len(prompt), len(prompt) + s.output_tokens) if stream is not None
+                        else _stream_ids(self.seed, key, len(prompt), s.output_tokens, self.model.vocab))
         return s
 
     def _completion(self, r: dict, s: Seq) -> Completion:
@@ -410,4 +450,101 @@ class EmulatedEngine:
         choices = r.get("choices")
         lp = -math.log(len(choices)) if choices else -1.0
         reason = "length" if (not choices and s.output_tokens >= int(r.get("max_tokens", 16))) else "stop"
+        # a synthetic stream's ids are ranges: only their counts matter downstream (no 30k-int lists per turn)
         return Completion(s.rid, s.prompt_ids, s.output_ids, [lp] + [0.0] * (s.output_tokens - 1), None, s.text, reason, s.version)
+
+
+class EmulatedInstances:
+    """The engine of one worker when it stands for several instances (``gpus / tp`` of them): each
+    instance has its own batch, KV and driver; a trajectory sticks to the instance it first went to
+    (its prefix cache lives there), new ones go to the least-loaded. Same contract as one engine."""
+
+    label = "emulated"
+
+    def __init__(self, instances: int, **kwargs):
+        if instances < 1:
+            raise ValueError(f"an emulated engine worker needs at least one instance, got {instances}")
+        self.engines = [EmulatedEngine(**dict(kwargs, seed=kwargs.get("seed", 0) * 1000 + i)) for i in range(instances)]
+        # streamed generation: one waiting thread per request in flight (requests only wait on events)
+        self.pool = ThreadPoolExecutor(4096, thread_name_prefix="emulated-request")
+        self._sticky: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._load = [0] * instances
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        return self.engines[0].version
+
+    @property
+    def stats(self) -> dict:
+        """Counters summed over instances; busy seconds averaged, so a pool's busy fraction stays in [0, 1]."""
+        out = dict(self.engines[0].stats)
+        for key in ("tokens", "requests", "prefill_tokens", "cached_tokens", "decode_steps", "weight_loads", "request_s"):
+            out[key] = sum(e.stats.get(key, 0) for e in self.engines)
+        for key in ("busy_s", "emulated_busy_s"):
+            out[key] = sum(e.stats[key] for e in self.engines) / len(self.engines)
+        out["instances"] = len(self.engines)
+        return out
+
+    def _instance(self, r: dict) -> int:
+        key = str((r.get("emulate") or {}).get("stream") or str(r["id"]).split("#")[0])
+        with self._lock:
+            i = self._sticky.get(key)
+            if i is None:
+                i = min(range(len(self.engines)), key=self._load.__getitem__)
+                self._sticky[key] = i
+                while len(self._sticky) > 100_000:  # forget the oldest trajectories
+                    self._sticky.popitem(last=False)
+            self._load[i] += 1
+            return i
+
+    def generate(self, requests: list[dict]) -> list[Completion]:
+        by: dict[int, list[int]] = collections.defaultdict(list)
+        for j, r in enumerate(requests):
+            by[self._instance(r)].append(j)
+        out: list = [None] * len(requests)
+        threads = []
+
+        def run(i: int, idx: list[int]) -> None:
+            try:
+                for j, c in zip(idx, self.engines[i].generate([requests[j] for j in idx])):
+                    out[j] = c
+            finally:
+                with self._lock:
+                    self._load[i] -= len(idx)
+
+        if len(by) == 1:  # one instance (a streamed request): no thread to start
+            (i, idx), = by.items()
+            run(i, idx)
+            return out
+        for i, idx in by.items():  # instances decode concurrently, as separate GPUs do
+            t = threading.Thread(target=run, args=(i, idx), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        if any(c is None for c in out):
+            raise RuntimeError("an emulated instance failed to answer (see the worker log)")
+        return out
+
+    def abort(self, request_ids: list[str]) -> int:
+        by: dict[int, list[str]] = collections.defaultdict(list)
+        with self._lock:
+            for rid in request_ids:
+                i = self._sticky.get(rid.split("#")[0])
+                for j in ([i] if i is not None else range(len(self.engines))):
+                    by[j].append(rid)
+        for i, rids in by.items():
+            self.engines[i].abort(rids)
+        return len(request_ids)
+
+    def update_weights(self, version: int, weights=None) -> int:
+        threads = [threading.Thread(target=e.update_weights, args=(version, weights), daemon=True) for e in self.engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return version
+
+    def reset_prefix_cache(self) -> int:
+        return sum(e.reset_prefix_cache() for e in self.engines)

@@ -42,10 +42,9 @@ class EmulatedTrainer:
         return {"demos": len(demos), "steps": 0, "seconds": 0.0, "version": self.version, "trainer": self.label}
 
     def state_dict(self) -> dict:
-        """What engines pull: a tiny tensor dict carrying the version (the emulated engine ignores weights)."""
-        import torch
-
-        return {"emulated.version": torch.tensor([self.version], dtype=torch.long)}
+        """What engines pull: the version alone (the emulated engine times a load of the profile's
+        weight bytes itself). No torch: importing it in every worker would cost seconds per process."""
+        return {"emulated.version": self.version}
 
     def save_checkpoint(self, path: str | Path) -> str:
         path = Path(path)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from envs.inject import Injected, parse_spec
 
@@ -20,9 +22,20 @@ def _spec(spec_json: str):
 
 
 class EnvHost:
-    def __init__(self):
+    def __init__(self, threads: int = 64):
         self.envs: dict[str, object] = {}
-        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0}
+        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0}
+        # Every call on its own thread: envs wait on containers, networks and sandboxes far more than
+        # they compute, and one slow env.step must not delay any other (see dispatch.py, streamed calls).
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="envhost")
+        self._lock = threading.Lock()
+
+    def _count(self, kind: str, t0: float) -> None:
+        with self._lock:  # calls of a batch finish on several threads
+            dt = time.perf_counter() - t0
+            self.stats[kind] += 1
+            self.stats[f"{kind}_s"] += dt
+            self.stats["busy_s"] += dt  # env-seconds: over 1 per wall second when calls overlap
 
     def reset(self, item: dict) -> tuple[str, dict]:
         t0 = time.perf_counter()
@@ -36,8 +49,7 @@ class EnvHost:
         self.envs[item["traj_id"]] = env
         info = dict(info)
         info["action_choices"] = list(getattr(env, "action_choices", None) or [])
-        self.stats["resets"] += 1
-        self.stats["busy_s"] += time.perf_counter() - t0
+        self._count("resets", t0)
         return obs, info
 
     def step(self, item: dict) -> tuple[str, float, bool, bool, dict]:
@@ -48,8 +60,7 @@ class EnvHost:
         obs, reward, terminated, truncated, info = env.step(item["action"])
         if terminated or truncated or item.get("last"):
             self.close(item["traj_id"])
-        self.stats["steps"] += 1
-        self.stats["busy_s"] += time.perf_counter() - t0
+        self._count("steps", t0)
         return obs, float(reward), bool(terminated), bool(truncated), dict(info)
 
     def close(self, traj_id: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import pickle
 import traceback
 
 from distributed import WorkerPlugin, get_worker
@@ -58,7 +59,13 @@ class EnginePlugin(ServicePlugin):
     kind = "engine"
     name = ENGINE
 
+    async def setup(self, worker):
+        self.tags = set(worker.state.total_resources)
+        await super().setup(worker)
+
     def build(self):
+        if self.spec.get("backend") == "emulated":
+            return _emulated_engine(self.spec["emulation"], getattr(self, "tags", set()), self.spec.get("seed", 0))
         _set_torch_threads()
         kw = {"seed": self.spec.get("seed", 0), "max_batch": self.spec.get("max_batch", 1024)}
         if self.spec.get("backend") == "vllm":
@@ -68,6 +75,19 @@ class EnginePlugin(ServicePlugin):
         from .engine_torch import TorchEngine
 
         return TorchEngine(self.spec["model_dir"], **kw)
+
+
+def _emulated_engine(emulation: dict, tags: set, seed: int):
+    """EMULATED: the instances this worker's pool stands for (emulation.pools[pool]: gpus / tp of them)."""
+    from ..emulation import GPUS, MODELS
+    from ..emulation.engine import EmulatedInstances
+
+    pool = next((p for p in ("H800", "H20") if p in tags), None)
+    spec = emulation["pools"].get(pool)
+    if spec is None or spec["gpus"] == 0:
+        raise RuntimeError(f"emulation.pools has no GPUs for pool {pool}, which this flow generates on")
+    return EmulatedInstances(spec["gpus"] // spec["tp"], model=MODELS[emulation["model"]], gpu=GPUS[spec["gpu"]], tp=spec["tp"],
+                             time_scale=emulation["time_scale"], seed=seed)
 
 
 class EnvHostPlugin(ServicePlugin):
@@ -110,6 +130,13 @@ class TrainerPlugin(ServicePlugin):
     name = TRAINER
 
     def build(self):
+        emulation = self.spec.get("emulation")
+        if emulation is not None:  # EMULATED: profile step time around the real protocol
+            from ..emulation import GPUS, MODELS
+            from ..emulation.trainer import EmulatedTrainer
+
+            t = emulation["trainer"]
+            return EmulatedTrainer(MODELS[emulation["model"]], gpus=t["gpus"], gpu=GPUS[t["gpu"]], time_scale=emulation["time_scale"])
         _set_torch_threads()
         from .trainer import TorchTrainer
 
@@ -142,14 +169,6 @@ def generate_batch(items: list[dict]) -> list:
         return [("err", f"{type(e).__name__}: {e}")] * len(items)
 
 
-def env_reset_batch(items: list[dict]) -> list:
-    return _per_item(service(ENVHOST).reset, items)
-
-
-def env_step_batch(items: list[dict]) -> list:
-    return _per_item(service(ENVHOST).step, items)
-
-
 def reward_batch(items: list[dict]) -> list:
     """Plain rewards per item (concurrent Lambda invocations when serverless); stateful ones (a
     judge: the control plane sends them to the REWARD pool) as one batched generation."""
@@ -163,6 +182,43 @@ def reward_batch(items: list[dict]) -> list:
     for i, r in zip(judged, runner.score_stateful([items[i] for i in judged]) if judged else []):
         out[i] = r
     return out
+
+
+# -- streamed tasks: start the items, answer each on the caller's topic as soon as it is done ---------
+def _answer(worker, topic: str, item: dict, result: tuple) -> None:
+    worker.log_event(topic, (item["_cid"], pickle.dumps(result)))  # thread-safe; pickled: events must be msgpack
+
+
+def _start(fn, items: list[dict], topic: str, executor) -> int:
+    worker = get_worker()
+
+    def one(item):
+        try:
+            result = ("ok", fn(item))
+        except Exception as e:  # reported per item; the control plane decides retry/fail
+            result = ("err", f"{type(e).__name__}: {e}")
+        _answer(worker, topic, item, result)
+
+    for item in items:
+        executor.submit(one, item)
+    return len(items)
+
+
+def env_reset_stream(items: list[dict], topic: str) -> int:
+    host = service(ENVHOST)
+    return _start(host.reset, items, topic, host.pool)
+
+
+def env_step_stream(items: list[dict], topic: str) -> int:
+    host = service(ENVHOST)
+    return _start(host.step, items, topic, host.pool)
+
+
+def generate_stream(items: list[dict], topic: str) -> int:
+    """For engines that batch continuously across calls (the emulated one): each request joins the
+    running batch at once and is answered when it finishes, not when its call's slowest does."""
+    engine = service(ENGINE)
+    return _start(lambda item: engine.generate([item])[0], items, topic, engine.pool)
 
 
 async def engine_abort(request_ids: list[str]) -> int:

@@ -1,0 +1,107 @@
+"""Control-plane overhead: the real runtime with a null engine (emulated, time_scale 0: no sleeping)
+and a null env (synthetic, no injected latency), at 256 … 4,096 trajectories in flight.
+
+Everything a turn costs here is the control plane's: Dask futures (coalesced per tick), the
+streamed answers, the client's coroutines. Reports per trajectory count: turns per second, the
+median generate and env.step round trip (the per-turn added latency), and where the CPU time
+went — client, scheduler, workers — over the measured steps.
+
+    python benchmarks/control_plane.py                      # 256, 1024, 4096 in flight
+    python benchmarks/control_plane.py --inflight 256 --steps 3
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import click
+
+from rollart_dask.api import prepare_model
+from rollart_dask.cluster import connect
+from rollart_dask.config import load_flow
+from rollart_dask.loop import Run
+from rollart_dask.observe import console
+
+FLOW = {
+    "name": "control-plane",
+    "engine": {"backend": "emulated"},
+    "trainer": {"backend": "emulated"},
+    "emulation": {"time_scale": 0.0, "pools": {"H800": {"gpu": "H800", "gpus": 8}, "H20": {"gpu": "H20", "gpus": 8}}},
+    "rollout": {"mode": "rollart", "alpha": 1, "admission": "eager", "group_size": 8},
+    "eval": {"every": 0},
+    "observe": {"tensorboard": False, "progress": False, "watchdog_s": 600},
+    "tasks": [{"name": "null", "env": "synthetic", "reward": "emulated", "max_tokens": 64,
+               "env_args": {"turns": 4, "prompt_tokens": 256, "obs_tokens": 32, "output_tokens": 16}}],
+}
+
+
+def _cpu_s(dask_worker=None, dask_scheduler=None) -> float:
+    import psutil
+
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def _client_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def measure(inflight: int, steps: int, out: Path) -> dict:
+    # eager α=1 keeps up to 2 batches of groups untrained: in flight ≈ 2 × batch_groups × 8
+    cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}"])
+    run_dir = out / f"inflight-{inflight}"
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    client, cluster = await connect(cfg.cluster)
+    try:
+        run = Run(cfg, client, run_dir, prepare_model(cfg))
+        await run.setup()
+        cpu0 = (_client_cpu_s(), await client.run_on_scheduler(_cpu_s), await client.run(_cpu_s))
+        t0 = time.monotonic()
+        await run.run()
+        wall = time.monotonic() - t0
+        cpu1 = (_client_cpu_s(), await client.run_on_scheduler(_cpu_s), await client.run(_cpu_s))
+    finally:
+        await client.close()
+        await cluster.close()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    st = [r for r in rows if r["kind"] == "step"]
+    turns = run.counts["turns"]
+    lat = {stage: statistics.median(r["stage_latency"][stage]["p50_ms"] for r in st if stage in r["stage_latency"]) for stage in ("generate", "env-step")}
+    workers = sum(cpu1[2].values()) - sum(cpu0[2].values())
+    return {"inflight": inflight, "batch_trajectories": cfg.rollout.batch_groups * 8, "steps": len(st), "turns": turns, "wall_s": wall,
+            "turns_per_s": turns / wall, "generate_p50_ms": lat["generate"], "env_step_p50_ms": lat["env-step"],
+            "cpu_s": {"client": cpu1[0] - cpu0[0], "scheduler": cpu1[1] - cpu0[1], "workers": workers}}
+
+
+@click.command()
+@click.option("--inflight", multiple=True, type=int, default=(256, 1024, 4096), show_default=True, help="trajectories in flight")
+@click.option("--steps", default=4, show_default=True)
+@click.option("--out", default="runs/bench-control-plane", show_default=True)
+def main(inflight, steps, out):
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for n in inflight:
+        console.print(f"[bold]{n} trajectories in flight[/bold] (null engine, null env, 4 turns each)")
+        results.append(asyncio.run(measure(n, steps, out)))
+        console.print(results[-1])
+    from rich.table import Table
+
+    table = Table(title="control-plane overhead (null engine, null env; 2 cores)")
+    for col in ("in flight", "turns/s", "generate p50 (ms)", "env.step p50 (ms)", "CPU s: client", "scheduler", "workers", "wall s"):
+        table.add_column(col)
+    for r in results:
+        c = r["cpu_s"]
+        table.add_row(str(r["inflight"]), f"{r['turns_per_s']:.0f}", f"{r['generate_p50_ms']:.1f}", f"{r['env_step_p50_ms']:.1f}",
+                      f"{c['client']:.1f}", f"{c['scheduler']:.1f}", f"{c['workers']:.1f}", f"{r['wall_s']:.1f}")
+    console.print(table)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A rollart-dask cluster over plain SSH, from a hosts file (see hosts.example):
+#   deploy/ssh/cluster.sh start HOSTS   # prints the scheduler address for `rollart run --scheduler`
+#   deploy/ssh/cluster.sh stop HOSTS
+# Each host needs this package installed; ROLLART_ENV is run first on it (e.g. 'source ~/rollart/.venv/bin/activate').
+# `dask ssh` starts the same worker on every host, so it cannot give each host its pool: hence this script.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/../pools.sh"
+ACTION=${1:?usage: $0 start|stop HOSTS}
+HOSTS=${2:?usage: $0 start|stop HOSTS}
+PORT=${PORT:-8786}
+RUN_DIR=${RUN_DIR:-/tmp/rollart-cluster}  # on each host: logs and pids
+SSH=${SSH:-ssh}                            # e.g. SSH="ssh -i key -o StrictHostKeyChecking=accept-new"
+GPU_POOLS=" train h800 h20 "               # their workers get one GPU each
+
+entries() { grep -v '^[[:space:]]*\(#\|$\)' "$HOSTS"; }  # hosts-file lines without comments and blanks
+remote() {  # host, command: run it there after ROLLART_ENV (a failing set-up stops before the command)
+  $SSH "$1" "mkdir -p $RUN_DIR || exit 1; ${ROLLART_ENV:+$ROLLART_ENV || exit 1;} $2"
+}
+spawn() {  # host, command: start it in the background there, detached from ssh, its pid recorded for stop
+  remote "$1" "nohup $2 > $RUN_DIR/$3.log 2>&1 < /dev/null & echo \$! >> $RUN_DIR/pids" < /dev/null
+}
+
+SCHED_HOST=$(entries | awk '$2 == "scheduler" {print $1; exit}')
+[ -n "$SCHED_HOST" ] || { echo "$HOSTS: no 'HOST scheduler' line" >&2; exit 2; }
+SCHEDULER="tcp://$SCHED_HOST:$PORT"
+
+case "$ACTION" in
+  start)
+    spawn "$SCHED_HOST" "dask scheduler --port $PORT" scheduler
+    sleep "${SCHEDULER_WAIT_S:-5}"  # workers retry anyway; this keeps their logs clean
+    declare -A next_gpu=()  # host → its next free GPU index (pools on one host share its GPUs)
+    while read -r host role n nthreads torch_threads; do
+      [ "$role" = scheduler ] && continue
+      resources=$(pool_resources "$role")  # an unknown pool stops here, naming it
+      for ((i = 0; i < ${n:-1}; i++)); do
+        name="$role-$host-$i"
+        env="env DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False OMP_NUM_THREADS=${torch_threads:-1}"
+        if [[ "$GPU_POOLS" == *" $role "* ]]; then  # one GPU per worker: one engine (or the trainer) each
+          env+=" CUDA_VISIBLE_DEVICES=${next_gpu[$host]:-0}"
+          next_gpu[$host]=$(( ${next_gpu[$host]:-0} + 1 ))
+        fi
+        spawn "$host" "$env dask worker $SCHEDULER --name $name --resources '$resources' --nthreads ${nthreads:-2} --memory-limit 0" "$name"
+      done
+    done < <(entries)
+    echo "$SCHEDULER"
+    ;;
+  stop)  # every host once: kill what start recorded there
+    entries | awk '{print $1}' | sort -u | while read -r host; do
+      remote "$host" "[ -f $RUN_DIR/pids ] && xargs -r kill < $RUN_DIR/pids; rm -f $RUN_DIR/pids" < /dev/null || true
+    done
+    ;;
+  *) echo "usage: $0 start|stop HOSTS" >&2; exit 2 ;;
+esac

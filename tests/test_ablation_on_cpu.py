@@ -1,0 +1,161 @@
+"""Ablations without a cluster: the synthetic workload env, the flow-level ideal on hand-checkable
+cases, the ablation files, the report, and the emulated config rules."""
+import csv
+
+import pytest
+
+from envs.inject import parse_spec
+from envs.synthetic import SyntheticAgentEnv, length_mean
+from rollart_dask.ablation import ablation_names, load_ablation
+from rollart_dask.ablation.measure import engine_workers, fraction, reward_slots, summarise, variant_flow
+from rollart_dask.ablation.report import rows_of, write_report
+from rollart_dask.config import FlowError, load_flow
+from rollart_dask.emulation import H800, QWEN3_8B
+from rollart_dask.emulation.engine import EmulatedInstances
+from rollart_dask.emulation.flow_ideal import flow_ideal
+from rollart_dask.emulation.hardware import train_step_seconds, weight_load_seconds
+
+
+def emulated_flow(**over) -> dict:
+    task = {"name": "t", "env": "synthetic", "reward": "emulated", "affinity": "prefill", "max_tokens": 64,
+            "env_args": {"turns": 2, "prompt_tokens": 1, "output_tokens": 1, "obs_tokens": 0}}
+    task.update(over.pop("task", {}))
+    flow = {"engine": {"backend": "emulated"}, "trainer": {"backend": "emulated"},
+            "emulation": {"pools": {"H800": {"gpu": "H800", "gpus": 1}, "H20": {"gpu": "H20", "gpus": 1}}, "trainer": {"gpus": 1}},
+            "rollout": {"group_size": 2, "batch_groups": 2}, "tasks": [task]}
+    for k, v in over.items():
+        flow[k] = {**flow.get(k, {}), **v}
+    return flow
+
+
+def test_synthetic_env_describes_each_turn_for_the_engine():
+    env = SyntheticAgentEnv(turns=3, prompt_tokens=100, output_tokens=10, obs_tokens=5, success_p=1.0, reward_s=4, time_scale=0.5)
+    _, info = env.reset(seed=7)
+    assert info["emulate"] == {"prompt_tokens": 100, "output_tokens": 10} and info["emulated"]
+    _, r, term, _, info = env.step("x")
+    assert not term and info["emulate"] == {"prompt_tokens": 115, "output_tokens": 10}  # the whole conversation so far
+    env.step("x")
+    _, r, term, _, info = env.step("x")
+    assert term and r == 1.0 and info["success"] and info["reward_s"] == 2.0  # emulated seconds × time_scale
+    # prompts depend on the seed only (a GRPO group shares its prompt), responses are drawn per env
+    spec = {"median": 500, "sigma": 0.8, "min": 10, "max": 4000}
+    a, b = SyntheticAgentEnv(prompt_tokens=spec), SyntheticAgentEnv(prompt_tokens=spec)
+    assert a.reset(seed=3)[1]["emulate"]["prompt_tokens"] == b.reset(seed=3)[1]["emulate"]["prompt_tokens"]
+    assert 500 < length_mean(spec) < 800
+    with pytest.raises(ValueError, match="length spec"):
+        SyntheticAgentEnv(output_tokens={"mean": 3})
+
+
+def test_normal_env_latency_is_truncated_at_zero():
+    spec = parse_spec({"step_latency": {"dist": "normal", "mean_s": 5, "sd_s": 10}})
+    assert spec.step_latency.value(-3.0, 0.5) == 0.0 and spec.step_latency.value(1.0, 0.5) == 15.0
+    with pytest.raises(ValueError, match="normal"):
+        parse_spec({"step_latency": {"dist": "gauss"}})
+
+
+def test_emulated_flows_must_emulate_engine_and_trainer_together_and_share_one_clock():
+    with pytest.raises(FlowError, match="emulated together"):
+        load_flow(data=emulated_flow(trainer={"backend": "torch"}))
+    cfg = load_flow(data=emulated_flow(task={"inject": {"step_latency": {"dist": "constant", "s": 1}}}), overrides=["emulation.time_scale=0.1"])
+    assert cfg.tasks[0].inject["time_scale"] == 0.1 and cfg.tasks[0].env_args["time_scale"] == 0.1
+    with pytest.raises(FlowError, match="differs from emulation.time_scale"):
+        load_flow(data=emulated_flow(task={"inject": {"time_scale": 1.0}}))
+    with pytest.raises(FlowError, match="multiple of tp"):
+        load_flow(data=emulated_flow(emulation={"pools": {"H800": {"gpu": "H800", "gpus": 3, "tp": 2}}}))
+
+
+def test_ideal_of_a_hand_checkable_flow():
+    # generation negligible (1-token prompts and outputs), constant env steps of 10 s, two turns, 4 trajectories
+    inject = {"step_latency": {"dist": "constant", "s": 10}}
+    data = emulated_flow(task={"inject": inject}, rollout={"mode": "sync"})
+    cfg = load_flow(data=data)
+    sync = flow_ideal(cfg, {"H800": 1}, samples=20)
+    gen = sync.terms["group_latency_mean_s"] - 20  # what generation adds to a trajectory alone
+    assert 0 < gen < 0.2
+    train = train_step_seconds(QWEN3_8B, 1, 4 * (1 + 1 + 2 + 1), H800)  # per-turn samples: prompt + response
+    assert sync.terms["train_s"] == pytest.approx(train)
+    assert sync.step_s == pytest.approx(20 + gen + weight_load_seconds(QWEN3_8B, H800) + train, rel=1e-6)
+    # α=1 at trajectory level: every group must finish within one interval, so the slowest group sets the step
+    r1 = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.alpha=1"]), {"H800": 1}, samples=20)
+    assert r1.step_s == pytest.approx(20 + gen) and r1.binding.startswith("staleness")
+    r2 = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.alpha=2"]), {"H800": 1}, samples=20)
+    assert r2.step_s == pytest.approx((20 + gen) / 2)
+    # local rewards two at a time: 4 rewards of 30 s take 60 s however fast the rest is
+    slow = emulated_flow(task={"env_args": {"turns": 1, "prompt_tokens": 1, "output_tokens": 1, "reward_s": 30}})
+    r = flow_ideal(load_flow(data=slow, overrides=["rollout.alpha=4"]), {"H800": 1}, reward_slots=2, samples=20)
+    assert r.terms["reward_capacity_s"] == pytest.approx(60) and r.binding == "reward_capacity"
+
+
+def test_heavy_env_tails_cost_the_batch_level_barrier_more():
+    inject = {"step_latency": {"dist": "lognormal", "median_s": 2, "sigma": 1.5, "cap_s": 300}}
+    data = emulated_flow(task={"inject": inject, "env_args": {"turns": 6, "prompt_tokens": 1, "output_tokens": 1}}, rollout={"batch_groups": 8})
+    batch = flow_ideal(load_flow(data=data, overrides=["rollout.level=batch", "rollout.alpha=1"]), {"H800": 1})
+    traj = flow_ideal(load_flow(data=data, overrides=["rollout.alpha=1"]), {"H800": 1})
+    assert batch.terms["makespan_s"] > 1.5 * traj.terms["latency_max_s"]
+
+
+def test_every_shipped_ablation_loads_and_all_its_variants_are_emulated():
+    names = ablation_names()
+    assert {"fig10b_modes", "fig11a_affinity", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward"} <= set(names)
+    for name in names:
+        spec, path = load_ablation(name)
+        for v in spec.variants:
+            cfg = variant_flow(spec, path, v.name, quick=True, tiny=False, extra=[])
+            assert cfg.emulated and engine_workers(cfg)
+    spec, path = load_ablation("fig11a_affinity")
+    costs = {}
+    for v in spec.variants:  # equal normalised cost, within one GPU's worth
+        e = variant_flow(spec, path, v.name, False, False, []).emulation
+        used = {p for t in variant_flow(spec, path, v.name, False, False, []).tasks for p in [{"prefill": "H800", "decode": "H20"}[t.affinity]]}
+        costs[v.name] = sum(e.pools[p].gpus * {"H800": 2.85, "H20": 1.0}[e.pools[p].gpu] for p in used)
+    assert max(costs.values()) - min(costs.values()) < 1.0, costs
+    with pytest.raises(FlowError, match="unknown ablation"):
+        load_ablation("fig99")
+
+
+def test_reward_slots_follow_the_reward_mode():
+    cfg = load_flow(data=emulated_flow())
+    assert reward_slots(cfg) == 2  # the REWARD worker: two task threads, two batches in flight, each scored in turn
+    assert reward_slots(load_flow(data=emulated_flow(), overrides=["reward.mode=serverless"])) is None
+
+
+def _rows(gaps, trajectories=16):
+    t, rows = 0.0, []
+    for i, g in enumerate(gaps):
+        t += g
+        rows.append({"kind": "step", "elapsed_s": t, "trajectories": trajectories, "trajectory_s": {"n": 4, "mean": 0.5},
+                     "reward": {"utilisation": 0.25}, "pool_busy": {"H800": 0.5}, "buffer": {"aborted_stale": i},
+                     "tasks": {"a": {"groups": 1}, "b": {"groups": 3}},
+                     "stage_latency": {"generate": {"n": 10, "sum_s": 1.5}}, "service_s": {"generate": 0.5}})
+    return rows
+
+
+def test_summary_and_report_put_ours_beside_the_ideal_and_the_paper(tmp_path):
+    m = summarise(_rows([9, 9, 1, 1, 1]), scale=0.5, warmup=2)
+    assert m["step_s"] == pytest.approx(2.0) and m["throughput"] == pytest.approx(8.0)  # 16 trajectories per 2 emulated s
+    assert m["rollout_s"] == pytest.approx(1.0) and m["trained_mix"] == {"a": 0.25, "b": 0.75} and m["aborted"] == 4
+    assert m["call_overhead_ms"] == {"generate": pytest.approx(100.0)}  # (1.5 s waited − 0.5 s inside) / 10 calls
+    with pytest.raises(RuntimeError, match="steps"):
+        summarise(_rows([1, 1]), 1.0, 2)
+    assert fraction("step_s", 4.0, 2.0) == 0.5 and fraction("throughput", 1.0, 4.0) == 0.25
+    spec, _ = load_ablation("fig13_alpha")
+    results = [{"variant": v.name, "set": v.set, "time_scale": 0.5, "measured": dict(m, step_s=s),
+                "ideal": {"step_s": s / 2, "throughput": 1.0, "binding": "train"}} for v, s in zip(spec.variants, [10, 5, 4, 4, 8])]
+    rows = rows_of(spec, results)
+    assert [r["ours_vs_baseline"] for r in rows] == [1.0, 2.0, 2.5, 2.5, 1.25]  # speed-up of time vs α=0
+    assert rows[1]["paper_vs_baseline"] == 2.05 and rows[1]["fraction_of_ideal"] == 0.5
+    write_report(spec, results, tmp_path)
+    assert "| α=1 | 5 | 2.5 | 0.5 | 2 |" in (tmp_path / "results.md").read_text()
+    assert len(list(csv.DictReader((tmp_path / "results.csv").open()))) == 5 and (tmp_path / "results.png").stat().st_size > 5000
+
+
+def test_stream_prefix_cache_serves_the_conversation_so_far():
+    e = EmulatedInstances(2, time_scale=0.0)
+    first = e.generate([{"id": "t1#a", "prompt": "", "emulate": {"prompt_tokens": 1000, "output_tokens": 50}}])[0]
+    assert len(first.prompt_ids) == 1000 and len(first.token_ids) == 50 and isinstance(first.token_ids, range)
+    e.generate([{"id": "t1#b", "prompt": "", "emulate": {"prompt_tokens": 1100, "output_tokens": 5}}])  # turn 2 extends turn 1
+    st = e.stats
+    assert st["cached_tokens"] == (1050 // 16) * 16 and st["instances"] == 2  # whole blocks of prompt + response, same instance
+    e.reset_prefix_cache()
+    e.generate([{"id": "t1#c", "prompt": "", "emulate": {"prompt_tokens": 1200, "output_tokens": 5}}])
+    assert e.stats["cached_tokens"] == st["cached_tokens"]  # nothing more was served after the reset

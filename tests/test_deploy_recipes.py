@@ -1,0 +1,229 @@
+"""deploy/ recipes: Kubernetes manifests against the dask-kubernetes CRD schemas, shell scripts
+parse, and every recipe tags its workers with the runtime's pools."""
+import copy
+import os
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollart_dask.pools import POOLS, TAG_CAPACITY
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+GROUP = "kubernetes.dask.org"
+
+
+def parse_resources(value: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (item.split("=") for item in value.split())}
+
+
+def assert_pool_tags(resources: dict[str, float], where: str) -> None:
+    assert resources and set(resources) <= set(POOLS), f"{where}: {resources} (pools: {POOLS})"
+    assert all(v == TAG_CAPACITY for v in resources.values()), f"{where}: pools are tags of capacity {TAG_CAPACITY}: {resources}"
+
+
+# -- Kubernetes ---------------------------------------------------------------------------------
+
+def closed(schema):
+    """The API server prunes unknown fields of a custom resource unless the client asks for strict
+    field validation, so a typo (``nodeselector``) could apply and do nothing: close every object
+    that lists its properties, unless it preserves unknown fields."""
+    if isinstance(schema, dict):
+        schema = {k: closed(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [closed(v) for v in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def crd_schemas():
+    """kind → the v1 openAPIV3Schema of the CRDs shipped in dask_kubernetes (the fully resolved copies)."""
+    dk = pytest.importorskip("dask_kubernetes", reason="dask-kubernetes is not installed (pip install -e '.[dev]'): cannot validate deploy/kubernetes")
+    schemas = {}
+    for path in sorted(Path(dk.__file__).parent.rglob("*.yaml")):
+        text = path.read_text()
+        if "kind: CustomResourceDefinition" not in text:  # also skips the Helm templates, which are not YAML
+            continue
+        for doc in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # the CRDs are large: libyaml when present
+            if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition" or doc["spec"]["group"] != GROUP:
+                continue
+            for version in doc["spec"]["versions"]:
+                schema = version["schema"]["openAPIV3Schema"]
+                if version["name"] == "v1" and "$ref" not in yaml.safe_dump(schema):  # unresolved templates: skip
+                    schemas[doc["spec"]["names"]["kind"]] = closed(schema)
+    assert {"DaskCluster", "DaskWorkerGroup"} <= set(schemas), f"CRDs not found in {dk.__file__}: {sorted(schemas)}"
+    return schemas
+
+
+def manifests():
+    return [(p.name, doc) for p in sorted((DEPLOY / "kubernetes").glob("*.yaml")) for doc in yaml.safe_load_all(p.read_text()) if doc]
+
+
+def dask_docs():
+    return [(name, doc) for name, doc in manifests() if doc["apiVersion"].startswith(GROUP + "/")]
+
+
+def validate(doc, schemas):
+    import jsonschema
+
+    assert doc["apiVersion"] == f"{GROUP}/v1"
+    spec_schema = schemas[doc["kind"]]["properties"]["spec"]
+    jsonschema.validate(doc["spec"], spec_schema, cls=jsonschema.Draft4Validator)  # OpenAPI v3 schemas are draft-4 style
+
+
+def worker_specs(doc):
+    """(group name, pod spec) of each worker group a manifest defines (a DaskCluster's is its default group)."""
+    if doc["kind"] == "DaskCluster":
+        return [(f"{doc['metadata']['name']}-default", doc["spec"]["worker"]["spec"])]
+    if doc["kind"] == "DaskWorkerGroup":
+        return [(doc["metadata"]["name"], doc["spec"]["worker"]["spec"])]
+    return []
+
+
+def test_kubernetes_manifests_match_the_crd_schemas(crd_schemas):
+    import jsonschema
+
+    docs = dask_docs()
+    assert {d["kind"] for _, d in docs} == {"DaskCluster", "DaskWorkerGroup"}
+    for name, doc in docs:
+        try:
+            validate(doc, crd_schemas)
+        except jsonschema.ValidationError as e:
+            raise AssertionError(f"deploy/kubernetes/{name}: {e}") from None
+
+
+def test_the_schema_check_catches_a_typo(crd_schemas):
+    import jsonschema
+
+    _, doc = next((n, d) for n, d in dask_docs() if d["kind"] == "DaskWorkerGroup")
+    bad = copy.deepcopy(doc)
+    bad["spec"]["worker"]["spec"]["nodeselector"] = bad["spec"]["worker"]["spec"].pop("nodeSelector")
+    with pytest.raises(jsonschema.ValidationError, match="nodeselector"):
+        validate(bad, crd_schemas)
+    bad = copy.deepcopy(doc)
+    del bad["spec"]["cluster"]
+    with pytest.raises(jsonschema.ValidationError, match="cluster"):
+        validate(bad, crd_schemas)
+
+
+def test_kubernetes_worker_groups_carry_the_pools():
+    docs = dask_docs()
+    clusters = {d["metadata"]["name"] for _, d in docs if d["kind"] == "DaskCluster"}
+    groups = {}
+    for name, doc in docs:
+        if doc["kind"] == "DaskWorkerGroup":
+            assert doc["spec"]["cluster"] in clusters, f"{name}: unknown cluster {doc['spec']['cluster']}"
+        for group, pod in worker_specs(doc):
+            (container,) = pod["containers"]
+            cmd = container["command"]
+            assert cmd[:2] == ["dask", "worker"], f"{name}: {cmd}"
+            assert cmd[cmd.index("--name") + 1] == "$(DASK_WORKER_NAME)"  # the operator's name; the address comes from its env
+            resources = parse_resources(cmd[cmd.index("--resources") + 1])
+            assert_pool_tags(resources, name)
+            gpu = bool({"H800", "H20"} & set(resources))
+            if gpu:  # generation and training groups land on their GPU type and hold a GPU
+                assert pod["nodeSelector"]["nvidia.com/gpu.product"] in ("NVIDIA-H800", "NVIDIA-H20"), name
+                assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1, name
+            if "H20" in resources:
+                assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H20", name
+            if "H800" in resources:
+                assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H800", name
+            groups[group] = resources
+    assert set().union(*groups.values()) == set(POOLS), groups
+    assert {"rollart-h800", "rollart-h20", "rollart-env-cpu", "rollart-train", "rollart-reward", "rollart-default"} <= set(groups)
+    assert set(groups["rollart-train"]) == {"H800", "TRAIN"}  # the trainer's worker is also tagged H800
+    assert set(groups["rollart-env-cpu"]) == {"CPU"}
+
+
+# -- shell recipes (Slurm, SSH, local) ------------------------------------------------------------
+
+def shell_scripts():
+    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".sh", ".sbatch"))
+
+
+@pytest.mark.parametrize("script", shell_scripts(), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_shell_scripts_parse(script):
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def pools_sh(*lines: str) -> str:
+    return subprocess.run(["bash", "-c", "source deploy/pools.sh && " + " && ".join(lines)], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_pools_sh_maps_every_pool():
+    names = pools_sh("echo $ROLLART_POOLS").split()
+    tags = {}
+    for name in names:
+        tags[name] = parse_resources(pools_sh(f"pool_resources {name}"))
+        assert_pool_tags(tags[name], f"deploy/pools.sh {name}")
+    assert set().union(*tags.values()) == set(POOLS)
+    assert set(tags["train"]) == {"H800", "TRAIN"}
+    res = subprocess.run(["bash", "-c", "source deploy/pools.sh && pool_resources h100"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode != 0 and "unknown pool 'h100'" in res.stderr
+
+
+def recorder(tmp_path: Path, name: str, reply: str = "") -> Path:
+    """A stand-in for ssh / sbatch that records its arguments, one shell-quoted line per call."""
+    log = tmp_path / f"{name}.calls"
+    tool = tmp_path / "bin" / name
+    tool.parent.mkdir(exist_ok=True)
+    tool.write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {log}\necho >> {log}\n{reply}\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return log
+
+
+def test_ssh_recipe_starts_one_scheduler_and_tagged_workers(tmp_path):
+    log = recorder(tmp_path, "ssh")
+    env = {**os.environ, "SSH": str(tmp_path / "bin" / "ssh"), "SCHEDULER_WAIT_S": "0", "PORT": "8790"}
+    res = subprocess.run(["deploy/ssh/cluster.sh", "start", "deploy/ssh/hosts.example"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "tcp://gpu-h800-01:8790"
+    calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    assert sum("dask scheduler --port 8790" in cmd for _, cmd in calls) == 1
+    workers = [(host, shlex.split(cmd.split("dask worker", 1)[1].split(">", 1)[0]), cmd) for host, cmd in calls if "dask worker" in cmd]
+    assert len(workers) == 1 + 7 + 8 + 8 + 2 + 1 + 1  # hosts.example: workers per line
+    seen, gpus = set(), {}
+    for host, args, cmd in workers:
+        assert args[0] == "tcp://gpu-h800-01:8790"
+        resources = parse_resources(args[args.index("--resources") + 1])
+        assert_pool_tags(resources, cmd)
+        seen |= set(resources)
+        if "CUDA_VISIBLE_DEVICES=" in cmd:
+            gpus.setdefault(host, []).append(int(cmd.split("CUDA_VISIBLE_DEVICES=")[1].split()[0]))
+        else:
+            assert not set(resources) & {"H800", "H20"}, cmd
+    assert seen == set(POOLS)
+    assert all(sorted(g) == list(range(len(g))) for g in gpus.values()), gpus  # a host's GPU workers get distinct GPUs
+    # an unknown pool is an error naming it, before anything starts on that line
+    (tmp_path / "hosts").write_text("a scheduler\nb h100 1\n")
+    res = subprocess.run(["deploy/ssh/cluster.sh", "start", str(tmp_path / "hosts")], cwd=REPO, env=env, capture_output=True, text=True)
+    assert res.returncode != 0 and "unknown pool 'h100'" in res.stderr
+
+
+def test_slurm_recipe_submits_the_scheduler_then_one_job_per_pool(tmp_path):
+    log = recorder(tmp_path, "sbatch", reply="echo 4242")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ROLLART_SHARED": str(tmp_path / "shared")}
+    res = subprocess.run(["deploy/slurm/submit.sh"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    assert calls[0][-1].endswith("scheduler.sbatch")
+    pools = pools_sh("echo $ROLLART_POOLS").split()
+    assert len(calls) == 1 + len(pools)
+    seen = set()
+    for call, pool in zip(calls[1:], pools):
+        i = next(i for i, a in enumerate(call) if a.endswith("worker.sbatch"))
+        assert "--dependency=after:4242" in call[:i]  # workers start once the scheduler runs
+        assert call[i + 1] == pool
+        resources = parse_resources(call[i + 2])
+        assert_pool_tags(resources, " ".join(call))
+        seen |= set(resources)
+        assert any(a.startswith("--gpus-per-task=") for a in call[:i]) == bool(set(resources) & {"H800", "H20"})
+    assert seen == set(POOLS)
