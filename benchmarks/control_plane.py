@@ -55,6 +55,7 @@ async def measure(inflight: int, steps: int, out: Path) -> dict:
     # eager α=1 keeps up to 2 batches of groups untrained: in flight ≈ 2 × batch_groups × 8
     cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}"])
     run_dir = out / f"inflight-{inflight}"
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     client, cluster = await connect(cfg.cluster)
     try:

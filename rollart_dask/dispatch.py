@@ -62,10 +62,11 @@ class Dispatcher:
         client.subscribe_topic(self.topic, self._on_answer)
 
     def _on_answer(self, event) -> None:
-        _, (cid, payload) = event
-        fut = self._streamed.pop(cid, None)
-        if fut is not None and not fut.done():
-            fut.set_result(tuple(pickle.loads(payload)))
+        _, answers = event  # [(call id, pickled answer), ...]: what one worker finished in one tick
+        for cid, payload in answers:
+            fut = self._streamed.pop(cid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(tuple(pickle.loads(payload)))
 
     def close(self) -> None:
         try:

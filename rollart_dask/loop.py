@@ -220,11 +220,20 @@ class Run:
             traj = Trajectory(id=tid, group_id=gid, task=g.task, seed=g.seed)
             self.members[tid] = asyncio.ensure_future(self._member(traj, self.tasks[g.task], barrier))
         if orders.cancel:
-            asyncio.ensure_future(self.proxy.cancel(orders.cancel))
+            asyncio.ensure_future(self._cancel(orders.cancel))
             for tid in orders.cancel:
                 task = self.members.get(tid)
                 if task is not None:
                     task.cancel()
+
+    async def _cancel(self, traj_ids: list[str]) -> None:
+        """Abort the engine requests of cancelled trajectories; a failed abort is counted (the request
+        then runs to its end and its answer is dropped), and ignored once the run is stopping."""
+        try:
+            await self.proxy.cancel(traj_ids)
+        except Exception:
+            if not self._stopping:
+                self.counts["abort_errors"] += 1
 
     async def _member(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None) -> None:
         orders = Orders()

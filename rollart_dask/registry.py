@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import threading
 from typing import Any, Callable
 
 ENVS: dict[str, Any] = {
@@ -39,8 +40,17 @@ def register_reward(name: str, fn: Callable | str) -> None:
     REWARDS[name] = fn
 
 
-@functools.lru_cache(maxsize=None)  # scanning installed distributions costs milliseconds: once per process
+_scan_lock = threading.Lock()
+
+
 def _entry_points(group: str) -> dict[str, str]:
+    # lru_cache alone lets the 64 env-host threads of a worker's first batch all scan at once
+    with _scan_lock:
+        return _scan_entry_points(group)
+
+
+@functools.lru_cache(maxsize=None)  # scanning installed distributions costs ~0.1 s: once per process
+def _scan_entry_points(group: str) -> dict[str, str]:
     """Envs/rewards that other installed packages declare under the entry-point group."""
     from importlib.metadata import entry_points
 

@@ -76,10 +76,14 @@ def test_ideal_of_a_hand_checkable_flow():
     assert sync.terms["train_s"] == pytest.approx(train)
     assert sync.step_s == pytest.approx(20 + gen + weight_load_seconds(QWEN3_8B, H800) + train, rel=1e-6)
     # α=1 at trajectory level: every group must finish within one interval, so the slowest group sets the step
-    r1 = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.alpha=1"]), {"H800": 1}, samples=20)
+    safe = ["rollout.mode=rollart", "rollout.admission=safe"]
+    r1 = flow_ideal(load_flow(data=data, overrides=[*safe, "rollout.alpha=1"]), {"H800": 1}, samples=20)
     assert r1.step_s == pytest.approx(20 + gen) and r1.binding.startswith("staleness")
-    r2 = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.alpha=2"]), {"H800": 1}, samples=20)
+    r2 = flow_ideal(load_flow(data=data, overrides=[*safe, "rollout.alpha=2"]), {"H800": 1}, samples=20)
     assert r2.step_s == pytest.approx((20 + gen) / 2)
+    # eager admission may abort what outlives the bound: only capacity and Little's law remain (2 groups of 20 s, 4 in flight)
+    eager = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.admission=eager", "rollout.alpha=1"]), {"H800": 1}, samples=20)
+    assert eager.step_s == pytest.approx((20 + gen) / 2) and eager.binding == "group_latency/(alpha+1)"
     # local rewards two at a time: 4 rewards of 30 s take 60 s however fast the rest is
     slow = emulated_flow(task={"env_args": {"turns": 1, "prompt_tokens": 1, "output_tokens": 1, "reward_s": 30}})
     r = flow_ideal(load_flow(data=slow, overrides=["rollout.alpha=4"]), {"H800": 1}, reward_slots=2, samples=20)

@@ -75,7 +75,7 @@ def ideal_of(cfg: FlowConfig) -> dict:
 
     ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg))
     n = ideal.terms["trajectories_per_step"]
-    return {"step_s": ideal.step_s, "throughput": n / ideal.step_s, "binding": ideal.binding,
+    return {"step_s": ideal.step_s, "throughput": n / ideal.step_s, "binding": ideal.binding, "step_sd_s": ideal.terms["step_sd_s"],
             "rollout_s": ideal.terms["group_latency_mean_s"], "terms": ideal.terms}
 
 
@@ -105,6 +105,19 @@ async def _run_variant(cfg: FlowConfig, out: Path) -> dict:
     return await run_flow(cfg, out)
 
 
+def _run_blocking(cfg: FlowConfig, out: Path) -> dict:
+    """A variant to its end. Where this thread already runs an event loop (a Jupyter kernel runs its
+    cells in one), asyncio.run cannot nest: the variant gets a thread and an event loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_run_variant(cfg, out))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="rollart-ablation") as pool:
+        return pool.submit(lambda: asyncio.run(_run_variant(cfg, out))).result()
+
+
 def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False, tiny: bool = False, extra: list[str] | None = None) -> list[dict]:
     """Every variant, measured and beside its ideal; writes results.csv/.md/.png under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +130,7 @@ def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False,
         console.print(f"[bold]{spec.figure} — {v.name}[/bold] ({' '.join(v.set) or 'base'}): {cfg.trainer.steps} steps, "
                       f"time_scale {cfg.emulation.time_scale} [yellow](EMULATED hardware)[/yellow]")
         t0 = time.monotonic()
-        asyncio.run(_run_variant(cfg, run_dir))
+        _run_blocking(cfg, run_dir)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         measured = summarise(rows, cfg.emulation.time_scale, spec.warmup_steps)
         ideal = ideal_of(cfg)

@@ -39,6 +39,8 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
         row["groups_dropped"] = m.get("groups_dropped")
         row["trained_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((m.get("trained_mix") or {}).items()))
         row["binding"] = r["ideal"].get("binding")
+        # two standard errors of an n-step mean of the ideal step time: how far a short measurement may land from it by luck
+        row["ideal_step_noise_s"] = 2 * r["ideal"].get("step_sd_s", 0.0) / max(1, m["steps_measured"]) ** 0.5
         row["steps_measured"] = m["steps_measured"]
         row["time_scale"] = r["time_scale"]
         rows.append(row)
@@ -71,6 +73,10 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
         lines.append(f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
                      f"| {_fmt(r['ideal_vs_baseline'])} | {_fmt(r['paper_vs_baseline'])} | {r['baseline']} | {r['binding']} "
                      f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} |")
+    lines += ["", "Ideal step time ± two standard errors of a mean over the measured steps (heavy env tails make short "
+              "measurements land on either side of the ideal by luck): " + ", ".join(
+                  f"{r['variant']} {_fmt(next(x['ideal']['step_s'] for x in results if x['variant'] == r['variant']))} ± "
+                  f"{_fmt(r['ideal_step_noise_s'])} s" for r in rows)]
     for metric in spec.also:
         lines += ["", f"Also: {METRICS[metric][0]} ({METRICS[metric][1]}): " + ", ".join(
             f"{r['variant']} {_fmt(r[f'ours {metric}'])} (ideal {_fmt(r[f'ideal {metric}'])})" for r in rows)]
@@ -88,14 +94,14 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
 
 
 def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # The Figure itself, not pyplot: no backend is chosen or switched (in a notebook kernel pyplot's
+    # inline backend stays as it was), and the PNG is drawn by Agg either way.
+    from matplotlib.figure import Figure
 
     label, unit, _ = METRICS[spec.metric]
     names = [r["variant"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    a, b = fig.subplots(1, 2)
     x = range(len(rows))
     a.bar([i - 0.2 for i in x], [r["ours"] or 0 for r in rows], 0.4, label="ours (emulated)")
     a.bar([i + 0.2 for i in x], [r["ideal"] or 0 for r in rows], 0.4, label="ideal", color="lightgray", edgecolor="gray")
@@ -114,4 +120,3 @@ def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
     fig.suptitle(f"{spec.title} — EMULATED hardware, real runtime", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)

@@ -11,9 +11,10 @@ Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
   output's decode steps, plus its env reset/steps and reward, sampled from the same distributions
   the workload draws from. By Jensen, using per-trajectory draws keeps it a lower bound.
 - Staleness: a group started in step interval k runs on version k−1 and must be trained by version
-  k−1+α, i.e. finish within α intervals — so, with no group aborted, a step lasts at least the
-  batch's slowest group latency / α (trajectory level; eager admission can beat this only by
-  aborting slow groups, which shifts the trained task mix: reported as dropped groups).
+  k−1+α, i.e. finish within α intervals — so with ``safe`` admission (no group ever aborted) a step
+  lasts at least the batch's slowest group latency / α. ``eager`` admission aborts what outlives
+  the bound instead: its ideal is the capacity bound alone, and what aborts waste (and the task
+  mix they shift, as dropped groups) is measured, not assumed.
 - Reward capacity: serverless is unbounded; local rewards run ``slots`` at a time (the REWARD
   worker's task threads), so N × E[reward] / slots bounds the step from below.
 - Not modelled: env failures and hangs (a failure only adds time), redundancy (it only
@@ -67,7 +68,7 @@ def task_loads(cfg) -> list[TaskLoad]:
             raise ValueError(f"the ideal is defined for emulated workloads: task {t.name} uses env {t.env!r}, not 'synthetic'")
         a = t.env_args
         groups = r.batch_groups * t.weight / weights
-        turns = int(a.get("turns", 1))
+        turns = min(int(a.get("turns", 1)), t.max_turns)  # the runtime ends a trajectory at max_turns
         w = Workload(trajectories=max(1, round(groups * (t.group_size or r.group_size))), turns=turns,
                      prompt_tokens=round(length_mean(a.get("prompt_tokens", 512))), output_tokens=max(1, round(length_mean(a.get("output_tokens", 256)))),
                      obs_tokens=round(length_mean(a.get("obs_tokens", 64), minimum=0)) if turns > 1 else 0)
@@ -184,17 +185,24 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
     train = train_step_seconds(model, e.trainer.gpus, int(tokens), GPUS[e.trainer.gpu])
     update = max(weight_load_seconds(model, p.gpu, p.tp) for p in pools.values())
     alpha = r.alpha
+    per_sample = np.maximum(np.maximum(wave if r.level == "batch" else traj_max, t_thr), reward_bound)  # one batch's makespan
     if alpha == 0:
         step_s, binding = makespan + update + train, "rollout+update+train"
+        spread = per_sample
     elif r.level == "batch":  # one_off: the next wave's rollout overlaps this train
         step_s = max(makespan, train) + update
         binding = ("rollout" if makespan >= train else "train") + "+update"
+        spread = np.maximum(per_sample, train)
     else:
         cands = {"rollout_throughput+update": t_thr + update, "train": train, "group_latency/(alpha+1)": lat_mean / (alpha + 1),
-                 "reward_capacity": reward_bound, "staleness:slowest_group/alpha": float(traj_max.mean()) / alpha}
+                 "reward_capacity": reward_bound}
+        if r.admission == "safe":  # no group is ever aborted: the slowest must fit the bound
+            cands["staleness:slowest_group/alpha"] = float(traj_max.mean()) / alpha
         binding = max(cands, key=cands.get)
         step_s = cands[binding]
-    terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean, "latency_max_s": lat_max, "makespan_s": makespan,
-             "reward_capacity_s": reward_bound, "train_s": train, "update_s": update, "tokens_per_step": tokens,
-             "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha, "level": r.level}
+        spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
+    terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,
+             "latency_max_s": lat_max, "makespan_s": makespan, "reward_capacity_s": reward_bound, "train_s": train, "update_s": update,
+             "tokens_per_step": tokens, "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha,
+             "level": r.level, "step_sd_s": float(np.std(spread))}  # one step's spread: heavy tails make few-step means noisy
     return Ideal(r.mode, step_s, binding, terms)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import pickle
+import threading
 import traceback
 
 from distributed import WorkerPlugin, get_worker
@@ -185,8 +186,27 @@ def reward_batch(items: list[dict]) -> list:
 
 
 # -- streamed tasks: start the items, answer each on the caller's topic as soon as it is done ---------
+_outbox: dict[tuple, list] = {}  # (worker address, topic) → answers not yet sent
+_outbox_lock = threading.Lock()
+
+
 def _answer(worker, topic: str, item: dict, result: tuple) -> None:
-    worker.log_event(topic, (item["_cid"], pickle.dumps(result)))  # thread-safe; pickled: events must be msgpack
+    """Queue one answer; answers finished by the same event-loop tick leave as one event (one scheduler
+    message for many calls, not one each). Pickled: events must be msgpack."""
+    key = (worker.address, topic)
+    with _outbox_lock:
+        pending = _outbox.setdefault(key, [])
+        pending.append((item["_cid"], pickle.dumps(result)))
+        first = len(pending) == 1
+    if first:
+        worker.loop.add_callback(_flush, worker, key)  # thread-safe; runs on the worker's event loop
+
+
+def _flush(worker, key: tuple) -> None:
+    with _outbox_lock:
+        answers = _outbox.pop(key, [])
+    if answers:
+        worker.log_event(key[1], answers)
 
 
 def _start(fn, items: list[dict], topic: str, executor) -> int:
