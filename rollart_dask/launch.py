@@ -29,6 +29,7 @@ class RunHandle:
         self._ready = threading.Event()
         self._done = threading.Event()
         self._stop_early = False
+        self._dashboard_link: str | None = None  # kept: the run's client is closed once it ends
         self._thread = threading.Thread(target=self._main, args=(resume,), name=f"rollart-{cfg.name}", daemon=True)
         self._thread.start()
 
@@ -37,6 +38,7 @@ class RunHandle:
 
         def ready(run) -> None:
             self._run, self._loop = run, asyncio.get_running_loop()
+            self._dashboard_link = run.client.dashboard_link
             if self._stop_early:
                 run.request_stop()
             self._ready.set()
@@ -133,8 +135,9 @@ class RunHandle:
                                                                           f"{r.batch_groups} groups/step"),
                 ("tasks", ", ".join(t.name for t in cfg.tasks)), ("output", str(self.out))]
         if run is not None:
-            link = run.client.dashboard_link
-            rows.append(("dashboard", f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'))
+            link = self._dashboard_link
+            if link:
+                rows.append(("dashboard", f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'))
             if run.dashboard_url:
                 rows.append(("rollart page", f'<a href="{escape(run.dashboard_url)}" target="_blank">{escape(run.dashboard_url)}</a>'))
             pools = {p: [run.poolmap.name(a) for a in run.poolmap.members(p)] for p in ("H800", "H20", "CPU", "TRAIN", "REWARD", "SERVERLESS")}

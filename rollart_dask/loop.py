@@ -83,6 +83,8 @@ class Run:
         self._step_span: dict | None = None  # Dask span of the current training step (phases nest in it)
         self._rollout_span: dict | None = None  # Dask span of all rollout trajectories
         self._traj_s: list[float] = []  # rollout time of trajectories finished since the last step (launch → reward)
+        self._reward_stats: list[dict] = []  # the reward runners' counters at the last pool_busy sample
+        self.service_s: Counter = Counter()
 
     # -- set-up: resource plane + data plane ---------------------------------------------------
     async def setup(self) -> None:
@@ -436,7 +438,11 @@ class Run:
     # -- the whole run --------------------------------------------------------------------------
     async def pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
         """Busy fraction per pool since the last call: service busy seconds / (wall × services in the pool)."""
-        stats = await asyncio.wait_for(self.client.run(plugins.service_stats), 30)
+        try:
+            stats = await asyncio.wait_for(self.client.run(plugins.service_stats), 30)
+        except (asyncio.TimeoutError, OSError):  # a busy or departing worker: skip this sample, never the run
+            self.counts["stats_timeouts"] += 1
+            return prev or {}, {}
         busy: Counter = Counter()
         holders: Counter = Counter()
         flat = {}
@@ -490,7 +496,7 @@ class Run:
                 now = time.monotonic()
                 prev_busy, busy = await self.pool_busy(prev_busy, now - t_prev)
                 tokens = sum(len(t.response_ids) for g in groups for tr in g.kept for t in tr.turns)
-                row["reward"] = self.rewards.step_stats(self._reward_stats, now - t_prev, len(self._reward_stats))
+                row["reward"] = self.rewards.step_stats(self._reward_stats, now - t_prev, self._reward_slots())
                 row.update(pool_busy=busy, tokens_per_s=tokens / max(now - t_prev, 1e-9), elapsed_s=now - t_start,
                            buffer=dict(self.buffer.counts), futures=self.d.futures, calls=self.d.calls, reissued=self.proxy.reissued,
                            stage_latency=self.d.drain_stats(), trajectory_s=self._drain_traj_s(), service_s=dict(self.service_s))
@@ -525,6 +531,14 @@ class Run:
                     "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published - self._base_version}
         finally:
             await self.stop()
+
+    def _reward_slots(self) -> int:
+        """Local rewards scored at once: per REWARD worker, its task threads or the batches in flight to it,
+        whichever is fewer (each batch is scored in turn); the utilisation divides by this capacity."""
+        if self.cfg.reward.mode != "local":
+            return len(self._reward_stats)
+        inflight = self.cfg.rollout.coalesce_inflight if self.cfg.rollout.coalesce else 10**9
+        return sum(min(self.poolmap.workers[a].get("nthreads", 1), inflight) for a in self.poolmap.members("REWARD")) or 1
 
     def _drain_traj_s(self) -> dict:
         xs, self._traj_s = sorted(self._traj_s), []

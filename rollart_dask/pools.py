@@ -49,7 +49,8 @@ class PoolMap:
 
     @classmethod
     def from_scheduler_info(cls, info: dict) -> "PoolMap":
-        return cls({addr: {"name": w.get("name", addr), "resources": dict(w.get("resources", {}))} for addr, w in info["workers"].items()})
+        return cls({addr: {"name": w.get("name", addr), "resources": dict(w.get("resources", {})), "nthreads": int(w.get("nthreads", 1))}
+                    for addr, w in info["workers"].items()})
 
     def members(self, pool: str) -> list[str]:
         return sorted(a for a, w in self.workers.items() if pool in w["resources"])

@@ -114,14 +114,18 @@ assert result["last"]["version"] == steps["step"].iloc[-1]  # the last step was 
 assert run.checkpoint_path and len(run.evals) == 2 and "eval.frozenlake.success" in run.evals.columns
 client.close()
 """,
+        """
+run  # the view of a finished run (its own client is closed by now)
+""",
     )
     execute(nb, cell_timeout=300)
-    view = "".join(outputs(nb, "text/html"))  # the handle's notebook view, rendered by the kernel
-    assert "rollart-dask run" in view and "<progress" in view and "H800: " in view and "train-0" in view
+    # the handle's views, rendered by the kernel as the cells' results
+    running, finished = ([o for o in c.outputs if o["output_type"] == "execute_result"][0]["data"]["text/html"] for c in (nb.cells[2], nb.cells[-1]))
+    assert "rollart-dask run" in running and "<progress" in running and "H800: " in running and "train-0" in running
+    assert "finished" in finished and "held-out" in finished and "dashboard" in finished
     assert (tmp_path / "checkpoints" / "latest").exists()
 
 
-@pytest.mark.slow
 def test_quickstart_notebook_with_a_tiny_budget(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "quickstart.ipynb", as_version=4)
     with_parameters(nb, STEPS=3, MINUTES=5, EVAL_SEEDS=5, EVAL_EVERY=2, BATCH_GROUPS=2, TENSORBOARD=False, REFRESH_S=1, EPISODES=2,
@@ -140,7 +144,6 @@ assert client.status == "closed"
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
-@pytest.mark.slow
 def test_ablations_notebook_runs_one_tiny_figure(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "ablations.ipynb", as_version=4)
     with_parameters(nb, FIGURES=["fig12a_env_level"], SCALE="tiny", OUT=str(tmp_path))
