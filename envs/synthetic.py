@@ -19,7 +19,8 @@ import zlib
 from typing import Any
 
 
-def _draw(spec: int | dict, rng: random.Random, minimum: int = 1) -> int:
+def draw_length(spec: int | dict, rng: random.Random, minimum: int = 1) -> int:
+    """One token length from a spec: an int (fixed) or a clipped lognormal {median, sigma, min, max}."""
     if isinstance(spec, (int, float)):
         return max(minimum, int(spec))
     unknown = set(spec) - {"median", "sigma", "min", "max"}
@@ -34,7 +35,7 @@ def length_mean(spec: int | dict, samples: int = 20000, minimum: int = 1) -> flo
     if isinstance(spec, (int, float)):
         return float(max(minimum, int(spec)))
     rng = random.Random(0)
-    return sum(_draw(spec, rng, minimum) for _ in range(samples)) / samples
+    return sum(draw_length(spec, rng, minimum) for _ in range(samples)) / samples
 
 
 class SyntheticAgentEnv:
@@ -53,7 +54,7 @@ class SyntheticAgentEnv:
         self.turns, self.success_p, self.name = int(turns), float(success_p), name
         self.spec = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "obs_tokens": obs_tokens}
         for v in self.spec.values():
-            _draw(v, random.Random(0))  # a bad spec fails at construction, naming itself
+            draw_length(v, random.Random(0))  # a bad spec fails at construction, naming itself
         self.reward_s, self.time_scale = float(reward_s), float(time_scale)
         self._rng = random.Random()
         self._turn = 0
@@ -61,14 +62,14 @@ class SyntheticAgentEnv:
         self._seed = 0
 
     def _next(self) -> dict:
-        out = _draw(self.spec["output_tokens"], self._rng)
+        out = draw_length(self.spec["output_tokens"], self._rng)
         return {"prompt_tokens": self._context, "output_tokens": out}
 
     def reset(self, seed: int | None = None):
         self._seed = int(seed or 0)
         self._rng = random.Random(zlib.crc32(f"{self.name}:{self._seed}:{random.random()}".encode()))
         self._turn = 0
-        self._context = _draw(self.spec["prompt_tokens"], random.Random(zlib.crc32(f"{self.name}:{self._seed}".encode())))
+        self._context = draw_length(self.spec["prompt_tokens"], random.Random(zlib.crc32(f"{self.name}:{self._seed}".encode())))
         self._hint = self._next()
         return f"[emulated {self.name} seed {self._seed}] turn 0", {"emulate": self._hint, "emulated": True}
 
@@ -79,7 +80,7 @@ class SyntheticAgentEnv:
             success = self._rng.random() < self.success_p
             info = {"emulated": True, "success": success, "return": float(success), "reward_s": self.reward_s * self.time_scale}
             return f"[emulated {self.name}] done", float(success), True, False, info
-        self._context += _draw(self.spec["obs_tokens"], self._rng, minimum=0)
+        self._context += draw_length(self.spec["obs_tokens"], self._rng, minimum=0)
         self._hint = self._next()
         return f"[emulated {self.name}] turn {self._turn}", 0.0, False, False, {"emulate": self._hint, "emulated": True}
 

@@ -46,6 +46,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
     t0 = time.monotonic()
     model_dir = prepare_model(cfg)
     client, cluster = await connect(cfg.cluster)
+    run = None
     try:
         console.print(f"dashboard: {client.dashboard_link}")
         run = Run(cfg, client, out, model_dir, resume=resume)
@@ -69,6 +70,8 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         result["wall_s"] = time.monotonic() - t0
         return result
     finally:
+        if run is not None and run.weights is not None:  # set-up may have failed after starting a local mooncake_master
+            await run.weights.close()
         await client.close()
         if cluster is not None:
             await cluster.close()

@@ -75,6 +75,17 @@ def run(flow, overrides, scheduler, out, resume):
     if cfg.warmstart.steps and not resume:
         rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
     rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", result["checkpoint"])]
+    w = result["weights"]
+    if w.get("transfers"):
+        rows.append((f"weights ({w['store']} store)", f"{w['bytes'] / 2**20:.1f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
+                     f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
+                     f"({w['hidden_fraction']:.0%} hidden behind rollout)"))
+    if result.get("pd"):  # prefill/decode disaggregation (rollout.pd)
+        pdm = result["pd"]
+        rows.append((f"pd ({cfg.rollout.pd.prefill} → {cfg.rollout.pd.decode})",
+                     f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
+                     f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "
+                     f"re-prefilled {pdm['reprefilled']}"))
     rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
     console.print(summary_table(f"{cfg.name} — summary", rows))
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))

@@ -72,6 +72,8 @@ class EngineConfig(Strict):
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
     constrained: bool = Field(True, description="restrict decoding to the env's action choices")
     max_batch: int = Field(1024, ge=1, description="most requests one engine decodes together")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm on a GPU: share of the GPU's memory the engine may use (weights + KV cache); ignored on CPU")
+    sleep_level: int = Field(2, ge=0, le=2, description="vllm on a GPU: sleep level around each weight update (KV cache released; 2: old weights dropped, 1: offloaded to host memory; 0: no sleep mode); ignored on CPU, which has none")
 
 
 class TaskConfig(Strict):
@@ -98,6 +100,20 @@ class TaskConfig(Strict):
         return self
 
 
+class PDConfig(Strict):
+    """Prefill/decode disaggregation (services/pd.py): each generate call is prefilled on an engine of pool
+    ``prefill``, its KV cache shipped by Dask to an engine of pool ``decode``, and decoded there."""
+
+    prefill: Literal["H800", "H20"] = Field(description="engine pool that prefills (and samples the first token)")
+    decode: Literal["H800", "H20"] = Field(description="engine pool that decodes from the shipped KV cache")
+
+    @model_validator(mode="after")
+    def _two_pools(self):
+        if self.prefill == self.decode:
+            raise ValueError(f"rollout.pd: prefill and decode must be different engine pools (H800, H20), got {self.prefill} for both")
+        return self
+
+
 class RolloutConfig(Strict):
     mode: Literal["sync", "one_off", "rollart"] = "rollart"
     level: Literal["trajectory", "batch"] | None = Field(None, description="default: batch for sync/one_off, trajectory for rollart")
@@ -116,6 +132,9 @@ class RolloutConfig(Strict):
     reward_timeout_s: float = Field(30, gt=0, description="per reward call")
     retries: int = Field(2, ge=0, description="retry budget per env/reward call")
     max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
+    pd: PDConfig | None = Field(None, description="prefill/decode disaggregation, e.g. {prefill: H800, decode: H20}: every generate call is "
+                                                  "prefilled on the prefill pool and decoded on the decode pool (the tasks' affinity is "
+                                                  "then not used for routing); None = off. Engines: torch (real), emulated (modelled)")
 
     @model_validator(mode="after")
     def _mode_rules(self):
@@ -132,9 +151,19 @@ class RolloutConfig(Strict):
         return self
 
 
+class MegatronParallel(Strict):
+    """Parallel layout of the megatron-core trainer (trainer.backend=megatron)."""
+
+    tp: int = Field(1, ge=1, description="tensor_model_parallel_size: must divide the attention heads and the KV heads")
+    pp: int = Field(1, ge=1, description="pipeline_model_parallel_size: must divide the layers")
+
+
 class TrainerConfig(Strict):
-    backend: Literal["torch", "emulated"] = Field("torch", description="emulated: EMULATED step time from the emulation: profile (ablations; "
-                                                                      "goes with engine.backend=emulated)")
+    backend: Literal["torch", "emulated", "megatron"] = Field("torch", description="emulated: EMULATED step time from the emulation: profile "
+                                                                                  "(ablations; goes with engine.backend=emulated); megatron: a "
+                                                                                  "megatron-core GPTModel converted from the HF model, same GRPO "
+                                                                                  "loss, weights published in HF names (pip extra [megatron])")
+    megatron: MegatronParallel = Field(default_factory=MegatronParallel, description="backend=megatron: tensor/pipeline parallel sizes")
     steps: int = Field(200, ge=1, description="training steps (published versions)")
     max_minutes: float | None = Field(None, gt=0, description="stop training after this wall time (final eval still runs)")
     lr: float = Field(3e-4, gt=0)
@@ -144,6 +173,17 @@ class TrainerConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per micro-batch (samples sorted by length; gradients accumulate)")
     checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
+
+    @model_validator(mode="after")
+    def _megatron(self):
+        if self.backend != "megatron":
+            return self
+        import importlib.util
+
+        if importlib.util.find_spec("megatron.core") is None:
+            raise ValueError("trainer.backend=megatron needs megatron-core, which is not installed here: pip install -e '.[megatron]' "
+                             "(megatron-core==0.16.1), or use trainer.backend=torch")
+        return self
 
 
 class WarmStartConfig(Strict):
@@ -190,8 +230,40 @@ class RewardConfig(Strict):
         return self
 
 
+class MooncakeConfig(Strict):
+    master: str | None = Field(None, description="host:port of a running mooncake_master; None = the run starts one on 127.0.0.1 "
+                                                 "(embedded cluster only) and stops it at the end")
+    metadata_server: str | None = Field(None, description="the transfer engine's metadata URL, e.g. http://HOST:8080/metadata "
+                                                          "(mooncake_master --enable_http_metadata_server); required with master")
+    protocol: Literal["tcp", "rdma"] = Field("tcp", description="tcp here; rdma with the RDMA/CUDA wheel on GPU clusters")
+    device: str = Field("", description="rdma: the NIC(s), e.g. mlx5_0")
+    segment_mb: int = Field(512, ge=16, description="memory each publishing or pulling worker process lends to the store; "
+                                                     "together they must hold keep_versions versions of the weights")
+    buffer_mb: int = Field(256, ge=16, description="each process's transfer buffer: a bucket must fit in it")
+
+    @model_validator(mode="after")
+    def _metadata(self):
+        if self.master and not self.metadata_server:
+            raise ValueError("weights.mooncake.metadata_server is required with weights.mooncake.master "
+                             "(the master's HTTP metadata URL, e.g. http://HOST:8080/metadata)")
+        return self
+
+
 class WeightsConfig(Strict):
-    store: Literal["dask"] = Field("dask", description="dask: weights stay on the trainer worker, engines pull peer-to-peer")
+    store: Literal["dask", "mooncake"] = Field("dask", description="dask: buckets stay on the trainer worker and Dask moves them to "
+                                                                   "each engine peer-to-peer; mooncake: buckets are put into a Mooncake "
+                                                                   "store and engines get them (TCP here, RDMA on GPU clusters)")
+    bucket_mb: float = Field(64, gt=0, description="published weights are cut into buckets of about this size, each with a sha256")
+    keep_versions: int = Field(2, ge=2, description="versions a store keeps; older ones are garbage-collected at publish")
+    timeout_s: float = Field(600, gt=0, description="a version not staged on every engine this long after its Train is an error")
+    mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
+
+    @model_validator(mode="after")
+    def _bucket_fits(self):
+        if self.store == "mooncake" and self.bucket_mb >= self.mooncake.buffer_mb:
+            raise ValueError(f"weights.bucket_mb ({self.bucket_mb}) must be smaller than weights.mooncake.buffer_mb "
+                             f"({self.mooncake.buffer_mb}): a bucket is moved through the transfer buffer in one piece")
+        return self
 
 
 class EmulatedPool(Strict):
@@ -222,6 +294,8 @@ class EmulationConfig(Strict):
         default_factory=lambda: {"H800": EmulatedPool(gpu="H800", gpus=8), "H20": EmulatedPool(gpu="H20", gpus=8)},
         description="per engine pool: the GPUs each of its engine workers emulates")
     trainer: EmulatedTrainer = Field(default_factory=EmulatedTrainer)
+    kv_link_gbps: float = Field(25.0, gt=0, description="ASSUMED link between a prefill and a decode instance for rollout.pd, GB/s "
+                                                       "(one 200 Gb/s RDMA NIC): KV transfer time = KV bytes of the model profile / this")
 
 
 class EvalConfig(Strict):
@@ -284,6 +358,44 @@ class FlowConfig(Strict):
                 elif float(scale) != self.emulation.time_scale:
                     raise ValueError(f"tasks.{t.name}.inject.time_scale ({scale}) differs from emulation.time_scale "
                                      f"({self.emulation.time_scale}); leave it out to use the emulation's")
+        return self
+
+    @model_validator(mode="after")
+    def _megatron_layout(self):
+        if self.trainer.backend != "megatron":
+            return self
+        tp, pp, m = self.trainer.megatron.tp, self.trainer.megatron.pp, self.model
+        if m.kind == "tiny":  # a model directory (kind=path) is checked when the trainer loads its config
+            if m.heads % tp:
+                raise ValueError(f"trainer.megatron.tp ({tp}) must divide model.heads ({m.heads})")
+            if m.layers % pp:
+                raise ValueError(f"trainer.megatron.pp ({pp}) must divide model.layers ({m.layers})")
+        if tp * pp > 1:
+            raise ValueError(f"trainer.megatron: tp × pp = {tp * pp} needs {tp * pp} ranks, but the trainer runs in one Dask worker "
+                             "process (one rank); a multi-rank trainer launch is not implemented yet: use tp=1, pp=1")
+        return self
+
+    @model_validator(mode="after")
+    def _pd(self):
+        pd = self.rollout.pd
+        if pd is None:
+            return self
+        if self.engine.backend == "vllm":  # auto is resolved (and checked the same way) at launch
+            from .services.pd import unsupported_reason
+
+            raise ValueError(f"rollout.pd: {unsupported_reason('vllm')}")
+        if self.cluster.scheduler is None:  # the embedded cluster: its workers are known now
+            for role, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
+                if not any(pool in w.pools and not {"TRAIN", "REWARD"} & set(w.pools) for w in self.cluster.workers):
+                    raise ValueError(f"rollout.pd.{role}: pool {pool} has no engine worker in cluster.workers (engine workers are those "
+                                     f"of pool H800 or H20 that are not TRAIN or REWARD workers)")
+        return self
+
+    @model_validator(mode="after")
+    def _mooncake_master(self):
+        if self.weights.store == "mooncake" and self.cluster.scheduler and not self.weights.mooncake.master:
+            raise ValueError("weights.mooncake.master is required with cluster.scheduler: a master started on this machine's "
+                             "127.0.0.1 cannot be reached by the cluster's workers (run mooncake_master where they can reach it)")
         return self
 
     @property
@@ -400,3 +512,11 @@ def resolve_engine_backend(engine: EngineConfig) -> str:
 def task_pool(task: TaskConfig) -> str | None:
     """The engine pool a task's generation goes to (None = any engine pool)."""
     return {"prefill": "H800", "decode": "H20", "auto": None}[task.affinity]
+
+
+def task_pools(task: TaskConfig) -> tuple[str, ...]:
+    """Every engine pool a task's generation may go to: its affinity's pool, or all of them (affinity auto)."""
+    from .pools import ENGINE_POOLS
+
+    pool = task_pool(task)
+    return (pool,) if pool else ENGINE_POOLS

@@ -27,8 +27,9 @@ from .observe import MetricsWriter, console
 from .pools import ENGINE_POOLS, REWARD_POOL, PoolMap
 from .reward_plane import RewardPlane
 from .proxy import LLMProxy, TrajectoryCancelled
-from .services import plugins
+from .services import pd, plugins
 from .types import Trajectory
+from .weights.store import WeightStore
 
 
 def needed_pools(cfg: FlowConfig) -> dict[str, str]:
@@ -37,10 +38,14 @@ def needed_pools(cfg: FlowConfig) -> dict[str, str]:
         pool = task_pool(t)
         if pool:
             need[pool] = f"engine for task {t.name} (affinity {t.affinity})"
+    if cfg.rollout.pd:  # disaggregated: every generate call prefills on one pool and decodes on the other
+        need.update({cfg.rollout.pd.prefill: "engine for rollout.pd.prefill", cfg.rollout.pd.decode: "engine for rollout.pd.decode"})
     return need
 
 
 def engine_pools(cfg: FlowConfig, poolmap: PoolMap) -> list[str]:
+    if cfg.rollout.pd:  # disaggregated: the engines of both phases, whatever the tasks' affinity
+        return sorted({cfg.rollout.pd.prefill, cfg.rollout.pd.decode})
     pools = {task_pool(t) for t in cfg.tasks}
     if None in pools:  # affinity auto: every engine pool that has workers
         pools.discard(None)
@@ -69,7 +74,7 @@ class Run:
         self._stop_requested = False  # stop after the current step (see request_stop())
         self._wave: list[str] = []
         self._last_progress = time.monotonic()
-        self._weights = None  # dask future of the latest published weights (lives on the trainer)
+        self.weights: WeightStore | None = None  # publishes each version and stages it on the engines (weights/store.py)
         self._bg: list[asyncio.Task] = []
         self.t_start = time.monotonic()
         self._train_busy_s = 0.0
@@ -88,6 +93,8 @@ class Run:
 
     # -- set-up: resource plane + data plane ---------------------------------------------------
     async def setup(self) -> None:
+        if self.cfg.rollout.pd:  # engine.backend auto resolves only now: vllm cannot disaggregate here (services/pd.py)
+            pd.check_backend(resolve_engine_backend(self.cfg.engine))
         info = await self.client.scheduler.identity()
         self.poolmap = PoolMap.from_scheduler_info(info)
         self.poolmap.validate(needed_pools(self.cfg))
@@ -95,6 +102,8 @@ class Run:
         if why:
             console.print(f"[yellow]no RollArt dashboard page: {why} (it needs rollart_dask and bokeh where the scheduler runs)[/yellow]")
         self.trainer = self.poolmap.members("TRAIN")[0]
+        self.weights = WeightStore(self.cfg.weights, self.d, self.trainer, self.out)
+        await self.weights.start()  # weights.store=mooncake on the embedded default: a local mooncake_master
         pools = engine_pools(self.cfg, self.poolmap)
         engines = {p: self.poolmap.engine_workers(p) for p in pools}
         tr = self.cfg.trainer
@@ -107,14 +116,16 @@ class Run:
         self.engine_backend = resolve_engine_backend(self.cfg.engine)
         emulated = {"emulation": self.cfg.emulation.model_dump()} if self.cfg.emulated else {}  # EMULATED timing profiles
         await self.client.register_plugin(plugins.EnginePlugin(pools, exclude=["TRAIN"], model_dir=md, seed=self.cfg.seed, max_batch=self.cfg.engine.max_batch,
+                                                               gpu_memory_utilization=self.cfg.engine.gpu_memory_utilization,
+                                                               sleep_level=self.cfg.engine.sleep_level,
                                                                backend=self.engine_backend, **emulated), name=plugins.ENGINE)
         await self.client.register_plugin(
             plugins.TrainerPlugin(["TRAIN"], model_dir=md, lr=tr.lr, weight_decay=tr.weight_decay, clip=tr.clip, entropy_coef=tr.entropy_coef,
                                   max_grad_norm=tr.max_grad_norm, temperature=self.cfg.engine.temperature, seed=self.cfg.seed,
-                                  micro_batch_tokens=tr.micro_batch_tokens, **emulated),
+                                  micro_batch_tokens=tr.micro_batch_tokens, backend=tr.backend, megatron=tr.megatron.model_dump(), **emulated),
             name=plugins.TRAINER)
         # the emulated engine batches continuously across calls (a real engine runs one batch per call)
-        self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s, streamed=self.cfg.emulated)
+        self.proxy = LLMProxy(self.d, engines, timeout_s=self.cfg.rollout.generate_timeout_s, streamed=self.cfg.emulated, pd=self.cfg.rollout.pd)
         self.em = EnvManager(self.d, self.proxy, self.poolmap.members("CPU"), self.cfg.rollout, self.cfg.engine,
                              reward_pool=self.reward_pool, reward_functions=self.rewards.functions, stateful_rewards=self.rewards.stateful)
         self.layout = {p: [self.poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
@@ -131,7 +142,7 @@ class Run:
         path = latest.read_text().strip()
         fut = self.d.submit_one("restore", plugins.trainer_restore, path, pool="TRAIN", worker=self.trainer)
         self.published = await fut
-        self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        self.weights.publish(self.published, self.proxy.pool_of, after=fut, setup=True)
         await self._sync_weights()
         console.print(f"resumed from {path} at version {self.published}")
 
@@ -154,7 +165,7 @@ class Run:
                                 pool="TRAIN", worker=self.trainer)
         m = await fut
         self.published = int(m.pop("version"))
-        self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        self.weights.publish(self.published, self.proxy.pool_of, after=fut, setup=True)
         await self._sync_weights()
         per_task = Counter(d["task"] for d in demos)
         row = {"kind": "warmstart", "step": self.published, "version": self.published, "turns_per_task": dict(per_task),
@@ -281,10 +292,15 @@ class Run:
             await self._wake_batch.wait()
 
     async def _sync_weights(self) -> dict:
-        """Suspend → Update weights → Resume → Recompute KV, when a newer version is published."""
+        """Suspend → Update weights → Resume → Recompute KV, when a newer version is published.
+        Engines pull the new version while they generate with the old one: the loop waits for the
+        rest of that pull before Suspend, so rollout never stops for it (nor does the trainer:
+        the next Train is already submitted)."""
         if self.published <= self.proxy.version:
             return {}
         t = {}
+        with phases.phase(self._step_span, "pull-weights"):
+            t["weights"] = await self.weights.wait_staged()
         started, previous = time.monotonic(), self.proxy.version
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "suspend"):
@@ -292,7 +308,7 @@ class Run:
         t["suspend_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "update-weights"):
-            await self.proxy.update_weights(self.published, self._weights)
+            await self.proxy.update_weights(self.published)  # the swap of the staged weights
         t["update_s"] = time.perf_counter() - t0
         with phases.phase(self._step_span, "resume"):
             self.proxy.resume()
@@ -338,7 +354,8 @@ class Run:
         stats.update(row)
         stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
         stats["staleness"] = {str(k): v for k, v in sorted(stale.items())}
-        fut = self.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=self.trainer)
+        # ordered after the publish of the version it starts from (the publish reads the weights this step changes)
+        fut = self.d.submit_one("train", plugins.trainer_step, samples, self.weights.publishing, pool="TRAIN", worker=self.trainer)
         return fut, stats
 
     async def _finish_train(self, pending) -> dict:
@@ -348,7 +365,7 @@ class Run:
         stats["wait_train_s"] = time.perf_counter() - t0
         self.published = int(metrics["version"])
         self._train_busy_s += metrics["train_s"]
-        self._weights = self.d.submit_one("publish", plugins.trainer_weights, fut, pool="TRAIN", worker=self.trainer)
+        self.weights.publish(self.published, self.proxy.pool_of, after=fut)
         every = self.cfg.trainer.checkpoint_every
         if every and self.published % every == 0:
             await self.checkpoint(after=fut)
@@ -447,6 +464,7 @@ class Run:
         holders: Counter = Counter()
         flat = {}
         self._reward_stats = [services[plugins.REWARD] for services in stats.values() if plugins.REWARD in services]
+        self._engine_stats = {addr: services[plugins.ENGINE] for addr, services in stats.items() if plugins.ENGINE in services}
         self.service_s: Counter = Counter()  # per stage: seconds the calls spent inside the services (vs. the caller's wall)
         for addr, services in stats.items():
             for service, st in services.items():
@@ -492,23 +510,28 @@ class Run:
                     console.print(f"stop requested: ending after {steps_done} steps")
                     break
                 row: dict = {"get_batch_s": time.perf_counter() - t0}
-                row.update(await self._sync_weights())  # 2-5. Suspend -> Update -> Resume -> Recompute KV
                 now = time.monotonic()
                 prev_busy, busy = await self.pool_busy(prev_busy, now - t_prev)
                 tokens = sum(len(t.response_ids) for g in groups for tr in g.kept for t in tr.turns)
                 row["reward"] = self.rewards.step_stats(self._reward_stats, now - t_prev, self._reward_slots())
+                if cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
+                    row["pd"] = pd.run_metrics(getattr(self, "_engine_stats", {}))
                 row.update(pool_busy=busy, tokens_per_s=tokens / max(now - t_prev, 1e-9), elapsed_s=now - t_start,
                            buffer=dict(self.buffer.counts), futures=self.d.futures, calls=self.d.calls, reissued=self.proxy.reissued,
                            stage_latency=self.d.drain_stats(), trajectory_s=self._drain_traj_s(), service_s=dict(self.service_s))
                 t_prev = now
                 with phases.phase(self._step_span, "train"):
                     pending = await self._train(groups, row)  # 6. Train (rollout goes on meanwhile)
+                # 2-5. Suspend -> Update -> Resume -> Recompute KV. After Train is submitted: the batch trains at the
+                # published version whatever the engines run, so the trainer never waits for the engines' pull and swap.
+                pending[1].update(await self._sync_weights())
                 steps_done += 1
                 if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
                     with phases.phase(self._step_span, "wait-train"):
-                        self._emit(await self._finish_train(pending))
+                        stats = await self._finish_train(pending)
                     pending = None
-                    await self._sync_weights()
+                    stats.update(await self._sync_weights())
+                    self._emit(stats)
                 if cfg.eval.every and self.proxy.version % cfg.eval.every == 0 and self.proxy.version > self.history[-1]["version"]:
                     with phases.phase(self._step_span, "eval"):
                         await self.evaluate()
@@ -528,7 +551,9 @@ class Run:
                 on_step(self)
             ckpt = await self.checkpoint()
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - t_start,
-                    "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published - self._base_version}
+                    "counts": {**self.buffer.counts, **self.counts, **self.em.counts}, "steps": self.published - self._base_version,
+                    "weights": self.weights.summary(),
+                    **({"pd": pd.run_metrics(getattr(self, "_engine_stats", {}))} if cfg.rollout.pd else {})}  # totals at the last step
         finally:
             await self.stop()
 
@@ -569,7 +594,11 @@ class Run:
         for t in members:
             t.cancel()
         await asyncio.gather(*self._bg, *members, return_exceptions=True)
-        self.metrics.close()
-        self.d.close()
-        if getattr(self, "rewards", None) is not None:
-            await asyncio.to_thread(self.rewards.close)
+        try:
+            self.metrics.close()
+            self.d.close()
+            if getattr(self, "rewards", None) is not None:
+                await asyncio.to_thread(self.rewards.close)
+        finally:
+            if self.weights is not None:  # never leave a mooncake_master behind
+                await self.weights.close()

@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from .dispatch import Dispatcher
 from .pools import ENGINE_POOLS
 from .services import plugins
+from .services.pd import pd_route, prefill_key
 from .types import Completion
 
 
@@ -17,8 +18,10 @@ class TrajectoryCancelled(Exception):
 
 
 class LLMProxy:
-    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False):
+    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False, pd=None):
         self.d = dispatcher
+        self.pd = pd  # rollout.pd (prefill, decode pools): each call is prefilled on one pool and decoded on the other (services/pd.py)
+        self._peer: dict[str, str] = {}  # request id → its prefill engine, when disaggregated (aborts go to both engines)
         self.streamed = streamed  # engines that batch continuously across calls answer each request on its own
         self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → engine worker addresses
         self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}
@@ -58,7 +61,8 @@ class LLMProxy:
             await self._open.wait()
             if traj_id in self.cancelled:
                 raise TrajectoryCancelled(traj_id)
-            addr = self._pick(traj_id, pool)
+            route = pd_route(self, traj_id) if self.pd else None  # sticky engines in both pools; decode is the call's worker
+            addr = route.decode_worker if route else self._pick(traj_id, pool)
             rid = f"{traj_id}#{uuid.uuid4().hex[:8]}"
             item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens, "temperature": temperature}
             if emulate:
@@ -66,9 +70,12 @@ class LLMProxy:
             self._inflight[rid] = (addr, traj_id)
             self._idle.clear()
             self.load[addr] += 1
+            if route:
+                self._peer[rid] = route.prefill_worker
+                self.load[route.prefill_worker] += 1
             self.requests += 1
             try:
-                fn = plugins.generate_stream if self.streamed else plugins.generate_batch
+                fn = route or (plugins.generate_stream if self.streamed else plugins.generate_batch)
                 c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s,
                                                   streamed=self.streamed)
             except TimeoutError:
@@ -77,6 +84,8 @@ class LLMProxy:
             finally:
                 self._inflight.pop(rid, None)
                 self.load[addr] -= 1
+                if route:
+                    self.load[self._peer.pop(rid)] -= 1
                 if not self._inflight:
                     self._idle.set()
             if c.finish_reason != "abort":
@@ -87,6 +96,7 @@ class LLMProxy:
 
     def forget(self, traj_id: str) -> None:
         self.sticky.pop(traj_id, None)
+        self.sticky.pop(prefill_key(traj_id), None)
         self.cancelled.discard(traj_id)
 
     async def cancel(self, traj_ids: list[str]) -> None:
@@ -99,6 +109,8 @@ class LLMProxy:
         by_engine = defaultdict(list)
         for rid, addr in rids.items():
             by_engine[addr].append(rid)
+            if rid in self._peer:  # disaggregated: the request may still be in its prefill
+                by_engine[self._peer[rid]].append(rid)
         futs = [self.d.submit_one("abort", plugins.engine_abort, ids, pool=self.pool_of[a], worker=a) for a, ids in by_engine.items()]
         if futs:
             await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
@@ -112,8 +124,11 @@ class LLMProxy:
     def resume(self) -> None:
         self._open.set()
 
-    async def update_weights(self, version: int, weights_future) -> None:
-        futs = [self.d.submit_one("update-weights", plugins.engine_update, version, weights_future, pool=p, worker=a) for a, p in self.pool_of.items()]
+    async def update_weights(self, version: int) -> None:
+        """Swap in ``version``, already staged on every engine (weights/store.py)."""
+        from .weights.worker import engine_swap
+
+        futs = [self.d.submit_one("update-weights", engine_swap, version, pool=p, worker=a) for a, p in self.pool_of.items()]
         await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
         self.version = version
 

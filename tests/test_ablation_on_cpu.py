@@ -9,7 +9,7 @@ from envs.synthetic import SyntheticAgentEnv, length_mean
 from rollart_dask.ablation import ablation_names, load_ablation
 from rollart_dask.ablation.measure import engine_workers, fraction, reward_slots, summarise, variant_flow
 from rollart_dask.ablation.report import rows_of, write_report
-from rollart_dask.config import FlowError, load_flow
+from rollart_dask.config import FlowError, load_flow, task_pools
 from rollart_dask.emulation import H800, QWEN3_8B
 from rollart_dask.emulation.engine import EmulatedInstances
 from rollart_dask.emulation.flow_ideal import flow_ideal
@@ -110,7 +110,7 @@ def test_every_shipped_ablation_loads_and_all_its_variants_are_emulated():
     costs = {}
     for v in spec.variants:  # equal normalised cost, within one GPU's worth
         e = variant_flow(spec, path, v.name, False, False, []).emulation
-        used = {p for t in variant_flow(spec, path, v.name, False, False, []).tasks for p in [{"prefill": "H800", "decode": "H20"}[t.affinity]]}
+        used = {p for t in variant_flow(spec, path, v.name, False, False, []).tasks for p in task_pools(t)}
         costs[v.name] = sum(e.pools[p].gpus * {"H800": 2.85, "H20": 1.0}[e.pools[p].gpu] for p in used)
     assert max(costs.values()) - min(costs.values()) < 1.0, costs
     with pytest.raises(FlowError, match="unknown ablation"):

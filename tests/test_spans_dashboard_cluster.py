@@ -10,9 +10,10 @@ from distributed import Client, get_task_stream
 import rollart_dask
 from tests.conftest import flow_dict
 
-STAGES = {"generate", "env-reset", "env-step", "env-close", "reward", "abort", "update-weights", "reset-prefix-cache", "train", "publish",
+STAGES = {"generate", "env-reset", "env-step", "env-close", "reward", "abort", "update-weights", "reset-prefix-cache", "train", "publish-weights",
+          "weights-bucket", "stage-weights",
           "checkpoint", "restore", "warmstart", "warmstart-demos"}
-PHASES = {"get-batch", "wait-train", "suspend", "update-weights", "resume", "recompute-kv", "train", "eval"}
+PHASES = {"get-batch", "wait-train", "pull-weights", "suspend", "update-weights", "resume", "recompute-kv", "train", "eval"}
 
 
 def stage_of(key) -> str:
@@ -56,7 +57,7 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
         assert by_name[("rollart", f"step-{step}", "train")] == ["train"]
     assert by_name[("rollart", "step-2", "update-weights")] == ["update-weights"]
     assert by_name[("rollart", "step-2", "recompute-kv")] == ["reset-prefix-cache"]
-    assert by_name[("rollart", "step-2", "wait-train")] == ["publish"]
+    assert by_name[("rollart", "step-2", "wait-train")] == ["publish-weights", "stage-weights", "weights-bucket"]
     assert {"generate", "env-reset", "env-step", "reward"} <= set(by_name[("rollart", "rollout")])
     # (evaluation has a span too, but its calls may all have joined coalesced batches opened by rollout)
     for name, prefixes in spans:
@@ -69,7 +70,8 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
     # task keys start with their stage, in the task stream and in the transition log
     assert stream.data and all(stage_of(t["key"]) in STAGES for t in stream.data)
     assert keys and all(stage_of(k) in STAGES for k in keys)
-    assert {stage_of(t["key"]) for t in stream.data} >= {"generate", "env-step", "reward", "train", "publish", "update-weights"}
+    assert {stage_of(t["key"]) for t in stream.data} >= {"generate", "env-step", "reward", "train", "publish-weights", "stage-weights",
+                                                         "update-weights"}
 
     # the page's plugin merged every step, weight sync and evaluation the run published, and its end
     assert state["steps"] == [1, 2, 3] and state["syncs"] == [1, 2, 3] and state["evals"] == [0, 3] and state["status"] == "ended"

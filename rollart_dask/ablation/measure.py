@@ -8,7 +8,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ..config import FlowConfig, FlowError, load_flow
+from ..config import FlowConfig, FlowError, load_flow, task_pools
 from ..observe import console
 from .report import write_report
 from .spec import METRICS, AblationSpec
@@ -16,8 +16,7 @@ from .spec import METRICS, AblationSpec
 
 def engine_workers(cfg: FlowConfig) -> dict[str, int]:
     """Engine workers per pool the flow generates on (the TRAIN worker holds no engine)."""
-    used = {"prefill": {"H800"}, "decode": {"H20"}, "auto": {"H800", "H20"}}
-    pools = set().union(*(used[t.affinity] for t in cfg.tasks))
+    pools = {p for t in cfg.tasks for p in task_pools(t)}
     return {p: sum(1 for w in cfg.cluster.workers if p in w.pools and "TRAIN" not in w.pools) for p in sorted(pools)}
 
 

@@ -40,13 +40,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..types import Completion
+from ..services.pd import PrefillHandle, StaleKVError
 from .hardware import (
     H800,
+    KV_LINK_GBPS,
     QWEN3_8B,
     GPUProfile,
     ModelProfile,
     decode_step_seconds,
     kv_capacity_tokens,
+    kv_transfer_seconds,
     prefill_batch_seconds,
     prefill_flops,
     weight_load_seconds,
@@ -72,6 +75,7 @@ class Seq:
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     stream: str | None = None  # a synthetic stream: ids are ranges, the cache counts the stream's prefix
+    kv_imported: bool = False  # prefill/decode disaggregation: the prompt's KV came from a prefill instance (no prefill here)
 
     @property
     def prompt_tokens(self) -> int:
@@ -108,7 +112,7 @@ class ContinuousBatch:
         self.cache_blocks = max(1, self.kv_capacity // BLOCK)
         self.stream_cache: collections.OrderedDict[str, int] = collections.OrderedDict()  # stream → cached leading tokens
         self._stream_tokens = 0
-        self.counters = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0, "max_batch": 0}
+        self.counters = {"prefill_tokens": 0, "cached_tokens": 0, "decode_steps": 0, "max_batch": 0, "imported_tokens": 0}
 
     # -- queue ---------------------------------------------------------------------------------
     def submit(self, seq: Seq) -> None:
@@ -132,6 +136,10 @@ class ContinuousBatch:
             return []
         flops = 0.0
         for s in group:  # in order, so identical prompts admitted together are computed once
+            if s.kv_imported:  # its prompt's KV arrived from a prefill instance: nothing to compute, only KV to hold
+                s.cached = s.prompt_tokens
+                self.counters["imported_tokens"] += s.prompt_tokens
+                continue
             if s.stream is not None:
                 hit = self.stream_cache.get(s.stream, 0)
                 if hit:
@@ -153,7 +161,8 @@ class ContinuousBatch:
                 self._remember_stream(s.stream, s.prompt_tokens)
             else:
                 self._remember(hashes)
-        self.clock += prefill_batch_seconds(self.model, self.gpu, flops, self.tp)
+        if flops > 0:  # (a group of imported caches only costs no prefill)
+            self.clock += prefill_batch_seconds(self.model, self.gpu, flops, self.tp)
         done = []
         for s in group:
             s.t_first, s.version, s.admit_step = self.clock, version, self.step_no
@@ -272,8 +281,10 @@ class EmulatedEngine:
     label = "emulated"
 
     def __init__(self, model: ModelProfile = QWEN3_8B, gpu: GPUProfile = H800, tp: int = 1, time_scale: float = 1e-3,
-                 seed: int = 0, kv_tokens: int | None = None, tokenizer=None, weight_load_s: float | None = None):
+                 seed: int = 0, kv_tokens: int | None = None, tokenizer=None, weight_load_s: float | None = None,
+                 kv_link_gbps: float = KV_LINK_GBPS):
         self.model, self.gpu, self.tp, self.time_scale, self.seed = model, gpu, tp, float(time_scale), seed
+        self.kv_link_gbps = kv_link_gbps  # ASSUMED link for prefill/decode disaggregation (hardware.KV_LINK_GBPS)
         self.tokenizer = tokenizer
         self.batch = ContinuousBatch(model, gpu, tp, kv_tokens)
         self.weight_load_s = weight_load_seconds(model, gpu, tp) if weight_load_s is None else weight_load_s
@@ -307,6 +318,11 @@ class EmulatedEngine:
     # -- contract ----------------------------------------------------------------------------------
     def generate(self, requests: list[dict]) -> list[Completion]:
         seqs = [self._seq(r) for r in requests]
+        self._run(seqs)
+        return self._account(requests, seqs)
+
+    def _run(self, seqs: list[Seq]) -> None:
+        """Queue the requests on the batch and wait until each is done."""
         events = []
         for s in seqs:  # all or nothing: an oversize request fails the call before any is queued
             if s.reserve > self.batch.kv_capacity:
@@ -322,6 +338,8 @@ class EmulatedEngine:
             self._cond.notify_all()
         for ev in events:
             ev.wait()
+
+    def _account(self, requests: list[dict], seqs: list[Seq]) -> list[Completion]:
         out = [self._completion(r, s) for r, s in zip(requests, seqs)]
         with self._cond:
             self.stats["tokens"] += sum(len(c.token_ids) for c in out)
@@ -332,6 +350,86 @@ class EmulatedEngine:
                 max(0.0, (s.t_done or s.arrival) - s.arrival) for s in seqs) * self.time_scale
             for k, v in self.batch.counters.items():
                 self.stats[k] = v
+        return out
+
+    # -- prefill/decode disaggregation (services/pd.py), modelled ---------------------------------------
+    def prefill(self, requests: list[dict]) -> list[PrefillHandle]:
+        """The prefill (compute-bound, this instance's GPU) and first token of each request; the handle carries
+        the KV size from the model profile (nothing real to ship) and the modelled times, labelled emulated."""
+        from dataclasses import replace
+
+        full = [self._seq(r) for r in requests]
+        seqs = [replace(s, output_tokens=1, output_ids=s.output_ids[:1]) for s in full]
+        self._run(seqs)
+        handles = []
+        for r, f, s in zip(requests, full, seqs):
+            done = s.finish == "abort" or f.output_tokens <= 1
+            c = self._completion(r, s if s.finish == "abort" else f) if done else None
+            handles.append(PrefillHandle(
+                request=r, prompt_ids=s.prompt_ids, token_ids=list(s.output_ids[:1]) if s.finish != "abort" else [],
+                logprobs=[-math.log(len(r["choices"])) if r.get("choices") else -1.0] if s.finish != "abort" else [], allowed_ids=None,
+                finish=c.finish_reason if c else None, version=s.version, positions=s.prompt_tokens,
+                emulated={"kv_bytes": 0 if done else self.model.kv_bytes_per_token * s.prompt_tokens, "output_tokens": f.output_tokens,
+                          "text": f.text, "prefill_s": (s.t_first or s.arrival) - s.arrival, "gpu": self.gpu.name,
+                          "completion": c}))
+        with self._cond:
+            st = self.stats
+            st["requests_prefilled"] = st.get("requests_prefilled", 0) + len(requests)
+            st["pd_prefill_requests"] = st.get("pd_prefill_requests", 0) + len(requests)
+            emulated = sum(h.emulated["prefill_s"] for h in handles)
+            st["pd_emulated_prefill_s"] = st.get("pd_emulated_prefill_s", 0.0) + emulated
+            st["pd_prefill_s"] = st.get("pd_prefill_s", 0.0) + emulated * self.time_scale
+            st["pd_kv_bytes_out"] = st.get("pd_kv_bytes_out", 0) + sum(h.kv_bytes for h in handles)
+            for k, v in self.batch.counters.items():
+                st[k] = v
+        return handles
+
+    def decode_from_prefill(self, handles: list[PrefillHandle], stale: str = "reprefill") -> list[Completion]:
+        """The KV transfer (KV bytes / ``kv_link_gbps``, an assumed link; slept at ``time_scale``), then the decode
+        on this instance's GPU, the prompt's KV held but not recomputed. Stale handles: as the torch engine."""
+        if stale not in ("reprefill", "error"):
+            raise ValueError(f"stale must be 'reprefill' or 'error', got {stale!r}")
+        out: list = [None] * len(handles)
+        todo, old = [], []
+        for j, h in enumerate(handles):
+            if h.finish is not None:  # ended at prefill (or aborted there): nothing to decode
+                out[j] = h.emulated.get("completion") or Completion(h.request["id"], h.prompt_ids, [], [], None, "", "abort", h.version)
+            elif h.version != self.version:
+                old.append(j)
+            else:
+                todo.append(j)
+        if old and stale == "error":
+            h = handles[old[0]]
+            raise StaleKVError(f"KV cache of request {h.request['id']} was prefilled at policy version {h.version}; "
+                               f"this engine is at version {self.version}")
+        transfer = max((kv_transfer_seconds(self.model, handles[j].positions, self.kv_link_gbps) for j in todo), default=0.0)
+        if transfer and self.time_scale > 0:  # the caches cross the link before the requests can join the batch
+            time.sleep(transfer * self.time_scale)
+        seqs = []
+        for j in todo:
+            h = handles[j]
+            s = self._seq(h.request)
+            s.output_tokens, s.text, s.kv_imported = int(h.emulated["output_tokens"]), h.emulated["text"], True
+            s.output_ids = (range(len(s.prompt_ids), len(s.prompt_ids) + s.output_tokens) if s.stream is not None
+                            else list(h.token_ids) + _stream_ids(self.seed, s.rid.split("#")[0], len(s.prompt_ids) + 1, s.output_tokens - 1, self.model.vocab))
+            seqs.append(s)
+        if seqs:
+            self._run(seqs)
+            for j, c in zip(todo, self._account([handles[j].request for j in todo], seqs)):
+                out[j] = c
+        if old:  # prefilled at another version: recomputed here under this instance's weights
+            for j, c in zip(old, self.generate([handles[j].request for j in old])):
+                out[j] = c
+        with self._cond:
+            st = self.stats
+            st["pd_decode_requests"] = st.get("pd_decode_requests", 0) + len(handles)
+            emulated = sum((s.t_done or s.arrival) - s.arrival for s in seqs)
+            st["pd_emulated_decode_s"] = st.get("pd_emulated_decode_s", 0.0) + emulated
+            st["pd_decode_s"] = st.get("pd_decode_s", 0.0) + emulated * self.time_scale
+            st["pd_kv_bytes_in"] = st.get("pd_kv_bytes_in", 0) + sum(handles[j].kv_bytes for j in todo)
+            st["pd_emulated_kv_transfer_s"] = st.get("pd_emulated_kv_transfer_s", 0.0) + transfer
+            st["pd_kv_transfer_s"] = st.get("pd_kv_transfer_s", 0.0) + transfer * self.time_scale
+            st["pd_reprefilled"] = st.get("pd_reprefilled", 0) + len(old)
         return out
 
     def abort(self, request_ids: list[str]) -> int:
@@ -479,7 +577,8 @@ class EmulatedInstances:
     def stats(self) -> dict:
         """Counters summed over instances; busy seconds averaged, so a pool's busy fraction stays in [0, 1]."""
         out = dict(self.engines[0].stats)
-        for key in ("tokens", "requests", "prefill_tokens", "cached_tokens", "decode_steps", "weight_loads", "request_s"):
+        for key in ("tokens", "requests", "prefill_tokens", "cached_tokens", "decode_steps", "weight_loads", "request_s", "imported_tokens",
+                    *{k for e in self.engines for k in e.stats if k.startswith("pd_")}):
             out[key] = sum(e.stats.get(key, 0) for e in self.engines)
         for key in ("busy_s", "emulated_busy_s"):
             out[key] = sum(e.stats[key] for e in self.engines) / len(self.engines)
@@ -499,6 +598,17 @@ class EmulatedInstances:
             return i
 
     def generate(self, requests: list[dict]) -> list[Completion]:
+        return self._fan("generate", requests, requests)
+
+    def prefill(self, requests: list[dict]) -> list:
+        """Prefill/decode disaggregation, modelled (EmulatedEngine.prefill) on the instance each request sticks to."""
+        return self._fan("prefill", requests, requests)
+
+    def decode_from_prefill(self, handles: list, stale: str = "reprefill") -> list[Completion]:
+        return self._fan("decode_from_prefill", handles, [h.request for h in handles], stale=stale)
+
+    def _fan(self, method: str, items: list, requests: list[dict], **kw) -> list:
+        """``method`` of the instances, each on the items whose trajectory sticks to it, concurrently."""
         by: dict[int, list[int]] = collections.defaultdict(list)
         for j, r in enumerate(requests):
             by[self._instance(r)].append(j)
@@ -507,7 +617,7 @@ class EmulatedInstances:
 
         def run(i: int, idx: list[int]) -> None:
             try:
-                for j, c in zip(idx, self.engines[i].generate([requests[j] for j in idx])):
+                for j, c in zip(idx, getattr(self.engines[i], method)([items[j] for j in idx], **kw)):
                     out[j] = c
             finally:
                 with self._lock:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.inject import parse_spec
-from envs.synthetic import _draw, length_mean
+from envs.synthetic import draw_length, length_mean
 
+from ..config import task_pools
 from .hardware import GPUS, MODELS, decode_step_seconds, prefill_seconds, train_step_seconds, weight_load_seconds
 from .ideal import Ideal, Pool, Workload, per_trajectory_seconds
 
@@ -72,8 +73,7 @@ def task_loads(cfg) -> list[TaskLoad]:
         w = Workload(trajectories=max(1, round(groups * (t.group_size or r.group_size))), turns=turns,
                      prompt_tokens=round(length_mean(a.get("prompt_tokens", 512))), output_tokens=max(1, round(length_mean(a.get("output_tokens", 256)))),
                      obs_tokens=round(length_mean(a.get("obs_tokens", 64), minimum=0)) if turns > 1 else 0)
-        pools = {"prefill": ("H800",), "decode": ("H20",), "auto": ("H800", "H20")}[t.affinity]
-        loads.append(TaskLoad(t.name, groups * (t.group_size or r.group_size), w, pools, a, t.inject, float(a.get("reward_s", 0.0)),
+        loads.append(TaskLoad(t.name, groups * (t.group_size or r.group_size), w, task_pools(t), a, t.inject, float(a.get("reward_s", 0.0)),
                               t.group_size or r.group_size, t.weight / weights))
     return loads
 
@@ -138,16 +138,17 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
     generate), and every group's latency — its slowest member's, as GRPO needs the whole group."""
     rng, py = np.random.default_rng(seed), random.Random(seed)
     traj_max, wave, every = np.zeros(samples), np.zeros(samples), []
+    fastest = [min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
+                   key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()))
+               for t in loads]
     for s in range(samples):
         resets, turns, rewards, groups = [], [], [], []
         counts = rng.multinomial(batch_groups, [t.share for t in loads])
-        for t, k in zip(loads, counts):
+        for t, k, pool in zip(loads, counts, fastest):
             if not k:
                 continue
             n, w = int(k) * t.group_size, t.workload
-            pool = min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
-                       key=lambda p: float(_generation_latency(t, model, p, np.full((1, w.turns), w.output_tokens)).sum()))
-            outs = np.array([[_draw(t.env_args.get("output_tokens", 256), py) for _ in range(w.turns)] for _ in range(n)])
+            outs = np.array([[draw_length(t.env_args.get("output_tokens", 256), py) for _ in range(w.turns)] for _ in range(n)])
             reset, steps = _env_latency(t.inject, rng, n, w.turns)
             resets.append(reset)
             turns.append(_generation_latency(t, model, pool, outs) + steps)

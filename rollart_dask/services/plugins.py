@@ -72,7 +72,8 @@ class EnginePlugin(ServicePlugin):
         if self.spec.get("backend") == "vllm":
             from .engine_vllm import VLLMEngine
 
-            return VLLMEngine(self.spec["model_dir"], **kw)
+            gpu = {k: self.spec[k] for k in ("gpu_memory_utilization", "sleep_level") if k in self.spec}  # used on GPU builds only
+            return VLLMEngine(self.spec["model_dir"], **kw, **gpu)
         from .engine_torch import TorchEngine
 
         return TorchEngine(self.spec["model_dir"], **kw)
@@ -87,7 +88,8 @@ def _emulated_engine(emulation: dict, tags: set, seed: int):
     spec = emulation["pools"].get(pool)
     if spec is None or spec["gpus"] == 0:
         raise RuntimeError(f"emulation.pools has no GPUs for pool {pool}, which this flow generates on")
-    return EmulatedInstances(spec["gpus"] // spec["tp"], model=MODELS[emulation["model"]], gpu=GPUS[spec["gpu"]], tp=spec["tp"],
+    kw = {"kv_link_gbps": emulation["kv_link_gbps"]} if "kv_link_gbps" in emulation else {}  # ASSUMED link of rollout.pd
+    return EmulatedInstances(spec["gpus"] // spec["tp"], **kw, model=MODELS[emulation["model"]], gpu=GPUS[spec["gpu"]], tp=spec["tp"],
                              time_scale=emulation["time_scale"], seed=seed)
 
 
@@ -139,9 +141,15 @@ class TrainerPlugin(ServicePlugin):
             t = emulation["trainer"]
             return EmulatedTrainer(MODELS[emulation["model"]], gpus=t["gpus"], gpu=GPUS[t["gpu"]], time_scale=emulation["time_scale"])
         _set_torch_threads()
+        spec = dict(self.spec)
+        backend, parallel = spec.pop("backend", "torch"), spec.pop("megatron", None) or {}
+        if backend == "megatron":  # trainer.backend=megatron: a megatron-core GPTModel, HF weights in and out
+            from .trainer_megatron import MegatronTrainer
+
+            return MegatronTrainer(**spec, **parallel)
         from .trainer import TorchTrainer
 
-        return TorchTrainer(**self.spec)
+        return TorchTrainer(**spec)
 
 
 def service(name: str, worker=None):
@@ -245,15 +253,11 @@ async def engine_abort(request_ids: list[str]) -> int:
     return service(ENGINE).abort(request_ids)  # on the event loop: never waits for a free thread
 
 
-def engine_update(version: int, weights: dict) -> int:
-    return service(ENGINE).update_weights(version, weights)
-
-
 def engine_reset_prefix_cache() -> int:
     return service(ENGINE).reset_prefix_cache()
 
 
-def trainer_step(samples: list[dict]) -> dict:
+def trainer_step(samples: list[dict], _after=None) -> dict:
     return service(TRAINER).train_step(samples)
 
 
@@ -265,10 +269,6 @@ def env_expert_demos(item: dict) -> list[dict]:
     from .envhost import expert_demos
 
     return expert_demos(item)
-
-
-def trainer_weights(_after=None) -> dict:
-    return service(TRAINER).state_dict()
 
 
 def trainer_checkpoint(path: str, _after=None) -> str:

@@ -29,7 +29,7 @@ class TorchTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.train()
         self.lr, self.weight_decay = lr, weight_decay
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.opt = self._make_optimizer()
         self.clip, self.entropy_coef, self.max_grad_norm, self.temperature = clip, entropy_coef, max_grad_norm, temperature
         self.micro_batch_tokens = micro_batch_tokens
         self.version = 0
@@ -47,7 +47,7 @@ class TorchTrainer:
         for seq, u in unique.items():
             ids[u, : len(seq)] = torch.tensor(seq)
             attn[u, : len(seq)] = 1
-        vocab = self.model.config.vocab_size
+        vocab = self._vocab_size()
         resp_width = max(len(s["response_ids"]) for s in samples)
         targets = torch.zeros((n, resp_width), dtype=torch.long)
         old = torch.zeros((n, resp_width))
@@ -136,7 +136,7 @@ class TorchTrainer:
             batch = [s for t, k in quota.items() for s in rng.sample(by_task[t], min(k, len(by_task[t])))]
             last = self.sft_step(batch)
             first = first or last
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        self.opt = self._make_optimizer()
         self.version += 1
         return {"demos": len(demos), "samples": len(samples), "skipped": skipped, "steps": steps, "lr": lr, "batch_per_task": quota,
                 "nll_first": first.get("nll"), "nll_last": last.get("nll"), "seconds": time.perf_counter() - t0, "version": self.version}
@@ -146,12 +146,12 @@ class TorchTrainer:
         share of response tokens, so the loss is the token-level mean over the whole batch."""
         t0 = time.perf_counter()
         total_tokens = sum(len(s["response_ids"]) for s in samples)
-        self.opt.zero_grad(set_to_none=True)
+        self._zero_grad()
         stats: dict[str, float] = {}
         loss_sum, rows = 0.0, 0
         for chunk in self.micro_batches(samples):
             ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(chunk)
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[row]
+            logits = self._logits(ids, attn)[row]
             logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
             logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
             loss, chunk_stats = loss_fn(logp, entropy, old, mask, adv)
@@ -161,11 +161,28 @@ class TorchTrainer:
             rows += int(ids.size(0))
             for k, v in chunk_stats.items():
                 stats[k] = stats.get(k, 0.0) + v * w
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.opt.step()
+        grad_norm = self._optimizer_step()
         stats.update(loss=loss_sum, grad_norm=float(grad_norm), samples=len(samples), tokens=total_tokens,
                      forward_rows=rows, train_s=time.perf_counter() - t0)
         return stats
+
+    # -- the model-specific steps of the update (MegatronTrainer overrides them; the loss stays here)
+    def _vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def _logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=attn).logits
+
+    def _make_optimizer(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    def _zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def _optimizer_step(self) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        return float(grad_norm)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

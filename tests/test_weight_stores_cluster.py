@@ -1,0 +1,127 @@
+"""Weight stores on a real cluster: the Mooncake store on the embedded default (its own local
+mooncake_master), and publish / pull / garbage collection against a master the flow names."""
+import asyncio
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rollart_dask.config import load_flow
+
+from conftest import close, flow_dict, start_run
+
+pytest.importorskip("mooncake.store", reason="weights.store=mooncake needs the mooncake extra (the Makefile installs it)")
+
+
+def _masters() -> int:
+    return len(subprocess.run(["pgrep", "-f", "mooncake_master"], capture_output=True, text=True).stdout.split())
+
+
+def test_mooncake_store_on_the_embedded_default_publishes_pulls_and_stops_its_master(tmp_path, run_async):
+    from rollart_dask.api import run_flow
+
+    cfg = load_flow(data=flow_dict(**{"weights.store": "mooncake", "weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32,
+                                      "weights.bucket_mb": 1, "trainer.steps": 3}))
+    before = _masters()
+    result = run_async(run_flow(cfg, tmp_path), timeout=400)
+    assert _masters() == before  # the run's master is gone with the run
+    assert (tmp_path / "mooncake_master.log").stat().st_size > 0
+    w = result["weights"]
+    assert w["store"] == "mooncake" and w["transfers"] >= 2 and w["bytes"] > 200_000 and w["engines"] >= 1
+    assert 0 <= w["waited_s"] <= w["transfer_s"] and 0 <= w["hidden_fraction"] <= 1
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    synced = [r["weights"] for r in rows if r.get("kind") == "step" and "weights" in r]
+    assert synced and all(s["store"] == "mooncake" and s["buckets"] >= 1 for s in synced)
+    assert result["last"]["version"] == 3  # the engines run the last published version
+
+
+def test_publish_stage_swap_and_garbage_collection_against_a_named_master(address, tmp_path, model_dir, run_async):
+    from mooncake.store import MooncakeDistributedStore
+
+    from rollart_dask.weights.mooncake import LocalMaster
+
+    master = LocalMaster(tmp_path / "master.log").start()
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "weights.store": "mooncake", "weights.bucket_mb": 0.05,
+                                      "weights.mooncake.master": master.master, "weights.mooncake.metadata_server": master.metadata_server,
+                                      "weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32}))
+    probe = MooncakeDistributedStore()
+    assert probe.setup("127.0.0.1", master.metadata_server, 16 << 20, 16 << 20, "tcp", "", master.master) == 0
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            assert run.weights.master is None  # named master: the run starts none
+            rows = []
+            for version in (1, 2, 3):
+                run.weights.publish(version, run.proxy.pool_of)
+                rows.append(await run.weights.wait_staged())
+                await run.proxy.update_weights(version)
+            keys = {v: [f"{run.weights.prefix}/v{v}/b{i}" for i in range(rows[0]["buckets"])] for v in (1, 2, 3)}
+            present = {v: [probe.is_exist(k) == 1 for k in ks] for v, ks in keys.items()}
+            return rows, present
+        finally:
+            await close(run, client, cluster)
+
+    try:
+        rows, present = run_async(go())
+    finally:
+        probe.close()
+        master.stop()
+    assert [r["version"] for r in rows] == [1, 2, 3] and rows[0]["buckets"] > 1  # 50 KiB buckets of a ~200 KiB model
+    assert not any(present[1]) and all(present[2]) and all(present[3])  # keep_versions=2: v1 collected at v3's publish
+
+
+def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_trains(tmp_path, model_dir, run_async):
+    """The loop submits Train n+1 before the engines have pulled version n: the publish must have read
+    the weights first (Train is ordered after it), and the engines must end up with exactly those.
+    The trainer's worker runs two tasks at once here, so only that ordering keeps them apart."""
+    from rollart_dask.services import plugins
+
+    data = flow_dict()
+    data["cluster"]["workers"][0]["nthreads"] = 2
+    cfg = load_flow(data=data)
+    prompt = "SFFF\nFPFH\nFFFH\nHFFG"
+
+    def digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
+        import hashlib
+
+        from rollart_dask.services import plugins as pl
+
+        h = hashlib.sha256()
+        for k, v in sorted(pl.service(name).model.state_dict().items()):
+            if not k.endswith("lm_head.weight"):  # tied to the embedding
+                h.update(k.encode() + v.detach().float().numpy().tobytes())
+        return h.hexdigest()
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            p = run.proxy
+            group = await asyncio.gather(*(p.generate(f"g/{i}", "H800", prompt, list("LDRU"), 2, 1.0) for i in range(8)))
+            samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
+                        "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
+            trainer_at_v0 = await run.d.submit_one("probe", digest, plugins.TRAINER, pool="TRAIN", worker=run.trainer)
+            await client.get_task_stream(start=time.time())  # installs the recorder
+            t0 = time.time()
+            run.weights.publish(1, p.pool_of)  # publish the current weights as "v1"; the next Train is submitted at once
+            train = run.d.submit_one("train", plugins.trainer_step, samples, run.weights.publishing, pool="TRAIN", worker=run.trainer)
+            await train
+            trainer_after = await run.d.submit_one("probe", digest, plugins.TRAINER, pool="TRAIN", worker=run.trainer)
+            await run.weights.wait_staged()
+            await p.update_weights(1)
+            engine = next(iter(p.pool_of))
+            engine_at_v1 = await run.d.submit_one("probe", digest, plugins.ENGINE, pool=p.pool_of[engine], worker=engine)
+            computed = {}
+            for rec in await client.get_task_stream(start=t0):
+                stage = (rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]).rsplit("-", 1)[0]
+                computed[stage] = next(s for s in rec["startstops"] if s["action"] == "compute")
+            return trainer_at_v0, trainer_after, engine_at_v1, computed
+        finally:
+            await close(run, client, cluster)
+
+    trainer_at_v0, trainer_after, engine_at_v1, computed = run_async(go())
+    assert computed["train"]["start"] >= computed["publish-weights"]["stop"]  # never alongside the publish, on two threads
+    assert trainer_after != trainer_at_v0  # the Train changed the weights...
+    assert engine_at_v1 == trainer_at_v0  # ...after the publish had read them: the engine runs what was published

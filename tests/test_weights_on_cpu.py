@@ -1,0 +1,60 @@
+"""Weight publication without a cluster: buckets, checksums, the manifest; config errors."""
+import pytest
+import torch
+
+from rollart_dask.config import FlowError, load_flow
+from rollart_dask.weights.buckets import WeightsIntegrityError, bucketize, publish_buckets, verify
+
+from conftest import flow_dict
+
+
+def _state():
+    g = torch.Generator().manual_seed(0)
+    return {"embed": torch.randn(1000, 64, generator=g), "layer.0.w": torch.randn(64, 64, generator=g),
+            "layer.0.b": torch.randn(64, generator=g), "big": torch.randn(300_000, generator=g), "head": torch.randn(64, 10, generator=g)}
+
+
+def test_buckets_keep_order_and_size_and_an_oversized_tensor_goes_alone():
+    state = _state()
+    buckets = bucketize(state, 300_000)  # bytes: embed 256,000; layer.0.w 16,384; b 256; big 1,200,000; head 2,560
+    assert buckets == [["embed", "layer.0.w", "layer.0.b"], ["big"], ["head"]]
+    assert [n for b in buckets for n in b] == list(state)
+
+
+def test_published_version_round_trips_exactly_through_its_buckets():
+    state = _state()
+    manifest, blobs = publish_buckets(state, 7, 300_000)
+    assert manifest["version"] == 7 and len(blobs) == len(manifest["buckets"]) == 3
+    assert manifest["bytes"] == sum(len(b) for b in blobs)
+    pulled = {}
+    for i, data in enumerate(blobs):
+        pulled.update(verify(manifest, i, data))
+    assert sorted(pulled) == sorted(state) and all(torch.equal(pulled[k], state[k]) for k in state)
+
+
+def test_a_corrupted_or_swapped_bucket_is_refused_with_its_version_and_index():
+    manifest, blobs = publish_buckets(_state(), 3, 300_000)
+    flipped = bytearray(blobs[1])
+    flipped[-1] ^= 1
+    with pytest.raises(WeightsIntegrityError, match=r"v3 bucket 1"):
+        verify(manifest, 1, bytes(flipped))
+    with pytest.raises(WeightsIntegrityError, match=r"v3 bucket 0"):
+        verify(manifest, 0, blobs[2])  # another bucket's bytes
+
+
+def test_the_emulated_trainers_marker_is_published_labelled_as_pickle():
+    manifest, blobs = publish_buckets({"emulated.version": 4}, 4, 1 << 20)
+    assert manifest["buckets"][0]["format"] == "pickle"
+    assert verify(manifest, 0, blobs[0]) == {"emulated.version": 4}
+
+
+@pytest.mark.parametrize("over, needle", [
+    ({"weights.store": "redis"}, "weights.store: bad value 'redis'"),
+    ({"weights.store": "mooncake", "weights.bucket_mb": 256}, "must be smaller than weights.mooncake.buffer_mb"),
+    ({"weights.store": "mooncake", "weights.mooncake.master": "10.0.0.1:50051"}, "weights.mooncake.metadata_server is required"),
+    ({"weights.store": "mooncake", "cluster.scheduler": "tcp://10.0.0.1:8786"}, "weights.mooncake.master is required with cluster.scheduler"),
+    ({"weights.keep_versions": 1}, "weights.keep_versions"),
+])
+def test_weights_config_errors_name_the_key_and_what_is_allowed(over, needle):
+    with pytest.raises(FlowError, match=needle.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
+        load_flow(data=flow_dict(**over))
