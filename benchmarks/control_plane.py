@@ -21,10 +21,11 @@ from pathlib import Path
 
 import click
 
-from rollart_dask.api import prepare_model
-from rollart_dask.cluster import connect
+from rollart_dask.models.prepare import prepare_model
+from rollart_dask.resource.cluster import connect
 from rollart_dask.config import load_flow
-from rollart_dask.loop import Run
+from rollart_dask.control.run import Run
+from rollart_dask.tools.lambda_local import start_local_endpoint
 from rollart_dask.observe import console
 
 FLOW = {
@@ -60,7 +61,7 @@ async def measure(inflight: int, steps: int, out: Path) -> dict:
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     client, cluster = await connect(cfg.cluster)
     try:
-        run = Run(cfg, client, run_dir, prepare_model(cfg))
+        run = Run(cfg, client, run_dir, prepare_model(cfg), start_endpoint=start_local_endpoint)
         await run.setup()
         cpu0 = (_client_cpu_s(), await client.run(_cpu_s))
         t0 = time.monotonic()

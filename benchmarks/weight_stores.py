@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from rollart_dask.api import run_sync
+from rollart_dask.entry.api import run_sync
 from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 

@@ -11,7 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-POOLS = ("H800", "H20", "CPU", "SERVERLESS", "TRAIN", "REWARD")
+from rollart_dask.capabilities import pd_unsupported_reason
+from rollart_dask.resource.pools import AFFINITY_POOL, ENGINE_POOLS, EnginePool, Pool
 
 
 class Strict(BaseModel):
@@ -20,7 +21,7 @@ class Strict(BaseModel):
 
 class WorkerSpec(Strict):
     name: str = Field(description="worker name in the embedded cluster")
-    pools: list[Literal["H800", "H20", "CPU", "SERVERLESS", "TRAIN", "REWARD"]] = Field(description="pool tags (Dask resources)")
+    pools: list[Pool] = Field(description="pool tags (Dask resources)")
     nthreads: int = Field(1, ge=1, description="Dask task threads")
     torch_threads: int = Field(1, ge=1, description="OMP/torch threads inside the worker process")
 
@@ -104,8 +105,8 @@ class PDConfig(Strict):
     """Prefill/decode disaggregation (services/pd.py): each generate call is prefilled on an engine of pool
     ``prefill``, its KV cache shipped by Dask to an engine of pool ``decode``, and decoded there."""
 
-    prefill: Literal["H800", "H20"] = Field(description="engine pool that prefills (and samples the first token)")
-    decode: Literal["H800", "H20"] = Field(description="engine pool that decodes from the shipped KV cache")
+    prefill: EnginePool = Field(description="engine pool that prefills (and samples the first token)")
+    decode: EnginePool = Field(description="engine pool that decodes from the shipped KV cache")
 
     @model_validator(mode="after")
     def _two_pools(self):
@@ -164,6 +165,9 @@ class TrainerConfig(Strict):
                                                                                   "megatron-core GPTModel converted from the HF model, same GRPO "
                                                                                   "loss, weights published in HF names (pip extra [megatron])")
     megatron: MegatronParallel = Field(default_factory=MegatronParallel, description="backend=megatron: tensor/pipeline parallel sizes")
+    # the names registered in algo/advantages.py ADVANTAGES and algo/losses.py LOSSES (a test keeps them equal)
+    advantage: Literal["grpo"] = Field("grpo", description="advantage estimator of each group's rewards (grpo: (r − mean) / std in the group)")
+    loss: Literal["ppo_clip"] = Field("ppo_clip", description="policy loss (ppo_clip: token-level PPO-clip with the entropy bonus)")
     steps: int = Field(200, ge=1, description="training steps (published versions)")
     max_minutes: float | None = Field(None, gt=0, description="stop training after this wall time (final eval still runs)")
     lr: float = Field(3e-4, gt=0)
@@ -381,9 +385,7 @@ class FlowConfig(Strict):
         if pd is None:
             return self
         if self.engine.backend == "vllm":  # auto is resolved (and checked the same way) at launch
-            from .services.pd import unsupported_reason
-
-            raise ValueError(f"rollout.pd: {unsupported_reason('vllm')}")
+            raise ValueError(f"rollout.pd: {pd_unsupported_reason('vllm')}")
         if self.cluster.scheduler is None:  # the embedded cluster: its workers are known now
             for role, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
                 if not any(pool in w.pools and not {"TRAIN", "REWARD"} & set(w.pools) for w in self.cluster.workers):
@@ -509,14 +511,23 @@ def resolve_engine_backend(engine: EngineConfig) -> str:
     return engine.backend
 
 
+class PDNotSupported(FlowError):
+    """The engine backend cannot disaggregate prefill and decode (a flow error: it names rollout.pd)."""
+
+
+def check_pd_backend(backend: str) -> None:
+    """``rollout.pd`` with engine.backend auto is checked once auto is resolved (at launch)."""
+    why = pd_unsupported_reason(backend)
+    if why:
+        raise PDNotSupported(f"rollout.pd: {why}")
+
+
 def task_pool(task: TaskConfig) -> str | None:
     """The engine pool a task's generation goes to (None = any engine pool)."""
-    return {"prefill": "H800", "decode": "H20", "auto": None}[task.affinity]
+    return AFFINITY_POOL[task.affinity]
 
 
 def task_pools(task: TaskConfig) -> tuple[str, ...]:
     """Every engine pool a task's generation may go to: its affinity's pool, or all of them (affinity auto)."""
-    from .pools import ENGINE_POOLS
-
     pool = task_pool(task)
     return (pool,) if pool else ENGINE_POOLS

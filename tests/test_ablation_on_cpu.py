@@ -6,14 +6,14 @@ import pytest
 
 from envs.inject import parse_spec
 from envs.synthetic import SyntheticAgentEnv, length_mean
-from rollart_dask.ablation import ablation_names, load_ablation
-from rollart_dask.ablation.measure import engine_workers, fraction, reward_slots, summarise, variant_flow
-from rollart_dask.ablation.report import rows_of, write_report
+from rollart_dask.tools.ablation import ablation_names, load_ablation
+from rollart_dask.tools.ablation.measure import engine_workers, fraction, reward_slots, summarise, variant_flow
+from rollart_dask.tools.ablation.report import rows_of, write_report
 from rollart_dask.config import FlowError, load_flow, task_pools
-from rollart_dask.emulation import H800, QWEN3_8B
-from rollart_dask.emulation.engine import EmulatedInstances
-from rollart_dask.emulation.flow_ideal import flow_ideal
-from rollart_dask.emulation.hardware import train_step_seconds, weight_load_seconds
+from rollart_dask.tools.emulation import H800, QWEN3_8B
+from rollart_dask.tools.emulation.engine import EmulatedInstances
+from rollart_dask.tools.emulation.flow_ideal import flow_ideal
+from rollart_dask.tools.emulation.hardware import train_step_seconds, weight_load_seconds
 
 
 def emulated_flow(**over) -> dict:

@@ -4,9 +4,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
-RUN = [sys.executable, "-m", "rollart_dask.cli", "run", "flows/quickstart.yaml"]
+RUN = [sys.executable, "-m", "rollart_dask.entry.cli", "run", "flows/quickstart.yaml"]
 TINY = ["--set", "rollout.batch_groups=4", "--set", "eval.seeds=10", "--set", "eval.every=2", "--set", "observe.progress=false"]
 
 
@@ -27,17 +28,28 @@ def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
     assert eff["_effective"]["engine_backend"] == "torch" and eff["_effective"]["engines"] == {"H800": ["h800-0"]}
     assert eff["rollout"]["batch_groups"] == 4  # overrides land in the effective config
     ckpt = (out / "checkpoints" / "latest").read_text().strip()
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(ckpt)
+    initial = load_file(f"{eff['_effective']['model_dir']}/model.safetensors")  # the model the run started from
+    v3 = load_file(f"{ckpt}/model.safetensors")
+    assert v3.keys() == initial.keys() and [k for k in initial if not torch.equal(v3[k], initial[k])]  # trained weights were saved
     assert (out / "tensorboard").is_dir()
 
-    # --resume continues from the checkpoint's version
+    # --resume continues from the checkpoint's version, and from its weights
     res = subprocess.run([*RUN, "--out", str(out), "--resume", "--set", "trainer.steps=1", *TINY], capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert rows[-1]["kind"] == "eval" and rows[-1]["version"] == 4
+    v4 = load_file(f"{(out / 'checkpoints' / 'latest').read_text().strip()}/model.safetensors")
+    # one step on top of v3's weights, not one step from the initial weights (three steps away)
+    assert distance(v4, v3) < distance(v4, initial), (distance(v4, v3), distance(v4, initial))
+
+
+def distance(a: dict, b: dict) -> float:
+    return sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a) ** 0.5
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """`rollart cluster check`'s logic on scheduler snapshots (no cluster)."""
-from rollart_dask.cluster_check import ANY_ENGINE, check_cluster, pools_table
+from rollart_dask.resource.check import ANY_ENGINE, check_cluster, pools_table
 from rollart_dask.config import load_flow
 from tests.conftest import flow_dict
 

@@ -73,7 +73,7 @@ def test_missing_file():
 def test_cli_reports_bad_flow(tmp_path):
     from click.testing import CliRunner
 
-    from rollart_dask.cli import main
+    from rollart_dask.entry.cli import main
 
     res = CliRunner().invoke(main, ["run", "flows/quickstart.yaml", "--set", "rollout.level=sideways", "--out", str(tmp_path)])
     assert res.exit_code != 0
@@ -83,7 +83,7 @@ def test_cli_reports_bad_flow(tmp_path):
 def test_cli_refuses_to_mix_runs_in_one_out_dir(tmp_path):
     from click.testing import CliRunner
 
-    from rollart_dask.cli import main
+    from rollart_dask.entry.cli import main
 
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     res = CliRunner().invoke(main, ["run", "flows/quickstart.yaml", "--out", str(tmp_path)])

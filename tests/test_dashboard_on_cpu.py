@@ -8,12 +8,12 @@ import msgpack
 from dask.utils import key_split
 from distributed.utils import key_split_group
 
-from rollart_dask import phases
-from rollart_dask.dashboard import page_url
-from rollart_dask.dashboard.panels import panel_data
-from rollart_dask.dashboard.plugin import MAX_RUNS, RunState, merge_event
-from rollart_dask.dashboard.snapshot import TAIL, build_snapshot
-from rollart_dask.dispatch import task_key
+from rollart_dask.control import phases
+from rollart_dask.tools.dashboard import page_url
+from rollart_dask.tools.dashboard.panels import panel_data
+from rollart_dask.tools.dashboard.plugin import MAX_RUNS, RunState, merge_event
+from rollart_dask.control.snapshot import TAIL, build_snapshot
+from rollart_dask.control.dispatch import task_key
 
 
 def fake_run(n_steps=3, t_start=100.0):
@@ -27,8 +27,8 @@ def fake_run(n_steps=3, t_start=100.0):
     history = [{"version": 1, "elapsed_s": 2.0, "eval": {"frozenlake": {"success": 0.25}, "sokoban": {"success": 0.0}}},
                {"version": n_steps, "elapsed_s": 40.0, "eval": {"frozenlake": {"success": 0.5}, "sokoban": {"success": 0.125}}}]
     return SimpleNamespace(
-        cfg=cfg, run_id="demo-1234", t_start=t_start, published=n_steps, paused=False, _stop_requested=False, _stopping=False,
-        proxy=SimpleNamespace(version=n_steps), em=SimpleNamespace(stage={"a": "generate", "b": "generate", "c": "env-step", "d": "reward"}),
+        cfg=cfg, run_id="demo-1234", t_start=t_start, published=n_steps, state="running", engine_version=n_steps,
+        in_flight=lambda: Counter({"generate": 2, "env-step": 1, "reward": 1}),
         buffer=SimpleNamespace(counts=Counter(aborted_stale=2, redundant_dropped=3, failed=1, env_worker_lost=1, finished=40, late=5)),
         metrics=SimpleNamespace(rows=rows), history=history, syncs=syncs)
 
@@ -44,7 +44,7 @@ def test_snapshot_is_a_small_serialisable_view_of_the_run():
     assert snap["syncs"][0]["t"] == -5.0 and snap["syncs"][1] == {"t": 11.0, "from": 1, "version": 2, "suspend_s": 0.1, "update_s": 0.3,
                                                                  "recompute_kv_s": 0.01}
     assert snap["evals"][-1]["success"] == {"frozenlake": 0.5, "sokoban": 0.125}
-    run.paused = True
+    run.state = "paused"
     assert build_snapshot(run)["status"] == "paused" and build_snapshot(run, final=True)["status"] == "ended"
     long = build_snapshot(fake_run(n_steps=200))  # a long run's message stays bounded
     assert len(long["steps"]) == TAIL and long["steps"][-1]["step"] == 200 and len(msgpack.packb(long)) < 8000
@@ -84,7 +84,7 @@ def test_panels_plot_the_merged_state():
 
 
 def test_summary_header_escapes_and_carries_data_attributes():
-    from rollart_dask.dashboard.page import summary_html
+    from rollart_dask.tools.dashboard.page import summary_html
 
     s = dict(panel_data(None)["summary"], run="<x>", inflight=7)
     html = summary_html(s)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rollart_dask.pools import POOLS, TAG_CAPACITY
+from rollart_dask.resource.pools import POOLS, TAG_CAPACITY
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"

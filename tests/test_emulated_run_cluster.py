@@ -17,9 +17,9 @@ def test_a_slow_env_call_does_not_hold_back_its_batch(address, run_async):
     """Two resets in one tick share one Dask future, yet each answers when it is done (streamed)."""
     from distributed import Client
 
-    from rollart_dask.dispatch import Dispatcher
-    from rollart_dask.pools import PoolMap
-    from rollart_dask.services import plugins
+    from rollart_dask.control.dispatch import Dispatcher
+    from rollart_dask.resource.pools import PoolMap
+    from rollart_dask.data import plugins, tasks
 
     async def go():
         client = await Client(address, asynchronous=True)
@@ -33,7 +33,7 @@ def test_a_slow_env_call_does_not_hold_back_its_batch(address, run_async):
                 item = {"traj_id": name, "env": "synthetic", "env_args": {}, "seed": 1, "member": "0",
                         "inject": {"reset_latency": {"dist": "constant", "s": seconds}}}
                 t0 = time.monotonic()
-                obs, info = await d.call("env-reset", plugins.env_reset_stream, item, pool="CPU", worker=cpu, timeout=30, streamed=True)
+                obs, info = await d.call("env-reset", tasks.env_reset_stream, item, pool="CPU", worker=cpu, timeout=30, streamed=True)
                 done[name] = time.monotonic() - t0
                 return info
 
@@ -57,7 +57,7 @@ def _emulated_flow(tmp_path: Path, *overrides: str):
 
 @pytest.mark.parametrize("alpha", [1, 2])
 def test_emulated_run_keeps_every_trained_sample_within_the_staleness_bound(tmp_path, run_async, alpha):
-    from rollart_dask.api import run_flow
+    from rollart_dask.entry.api import run_flow
 
     cfg = _emulated_flow(tmp_path, f"rollout.alpha={alpha}", "rollout.admission=eager")
     result = run_async(run_flow(cfg, tmp_path), timeout=600)
@@ -74,7 +74,7 @@ def test_emulated_run_keeps_every_trained_sample_within_the_staleness_bound(tmp_
 @pytest.mark.slow
 def test_rollart_ablate_all_runs_every_figure_at_a_tiny_scale(tmp_path):
     out = tmp_path / "ablations"
-    proc = subprocess.run([sys.executable, "-m", "rollart_dask.cli", "ablate", "all", "--tiny", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "ablate", "all", "--tiny", "--out", str(out)],
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("fig10b_modes", "fig11a_affinity", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward"):

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from rollart_dask.pools import PoolError, PoolMap, submit_kwargs
-from rollart_dask.services.engine_torch import TorchEngine
-from rollart_dask.services.trainer import TorchTrainer
+from rollart_dask.resource.pools import PoolError, PoolMap, submit_kwargs
+from rollart_dask.data.engine_torch import TorchEngine
+from rollart_dask.data.trainer_torch import TorchTrainer
 
 PROMPT = "SFFF\nFPFH\nFFFH\nHFFG"
 
@@ -24,9 +24,13 @@ def req(i, temperature=1.0, choices=("L", "D", "R", "U"), max_tokens=2, prompt=P
 def test_constrained_decoding_only_emits_choices_with_normalised_logprobs(engine):
     out = engine.generate([req(i) for i in range(64)])
     assert {c.text for c in out} <= {"L", "D", "R", "U"} and len({c.text for c in out}) > 1
+    choice_ids = sorted(i for ch in "LDRU" for i in engine.tokenizer.encode(ch, add_special_tokens=False))
+    assert len(choice_ids) == 4  # one token per choice (the character-level tiny model)
     for c in out:
         assert c.finish_reason == "stop" and len(c.token_ids) == 1 and c.version == 0
-        assert c.allowed_ids[0] == sorted(c.allowed_ids[0], key=c.allowed_ids[0].index)  # a list of ids
+        # one allowed set per response token, and the first is exactly the choices' ids: what the trainer masks with
+        assert len(c.allowed_ids) == len(c.token_ids) and sorted(c.allowed_ids[0]) == choice_ids
+        assert c.token_ids[0] in c.allowed_ids[0] and engine.tokenizer.decode(c.token_ids) == c.text
         assert c.logprobs[0] <= 0
     # the four choices' probabilities, recovered from the samples' log-probs, sum to one
     probs = {c.text: math.exp(c.logprobs[0]) for c in out}
@@ -85,11 +89,15 @@ def test_grpo_step_moves_policy_toward_positive_advantage(model_dir, engine):
 def test_trainer_checkpoint_round_trip(model_dir, tmp_path):
     t = TorchTrainer(str(model_dir), lr=1e-3)
     s = {"prompt_ids": [5, 6, 7], "response_ids": [8], "logprobs": [-1.0], "allowed_ids": None, "advantage": 1.0}
+    initial = {k: v.clone() for k, v in t.state_dict().items()}
     t.train_step([s, dict(s, advantage=-1.0, response_ids=[9])])
+    trained = t.state_dict()
+    assert [k for k in initial if not torch.equal(initial[k], trained[k])]  # the step changed weights: a no-op restore would show
     path = t.save_checkpoint(tmp_path / "ck")
     t2 = TorchTrainer(str(model_dir), lr=1e-3)
+    assert any(not torch.equal(v, trained[k]) for k, v in t2.state_dict().items())  # a fresh trainer starts from the initial weights
     assert t2.restore(path) == 1
-    for k, v in t.state_dict().items():
+    for k, v in trained.items():
         assert torch.equal(v, t2.state_dict()[k]), k
 
 

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-pytest.importorskip("vllm", reason="the vllm extra is not installed (make test installs it)")
+pytestmark = pytest.mark.needs("vllm")  # skipped without the vllm extra; a failure in CI on x86-64 (tests/conftest.py)
 
-from rollart_dask.services.engine_vllm import VLLMEngine  # noqa: E402
-from rollart_dask.services.trainer import TorchTrainer  # noqa: E402
+from rollart_dask.data.engine_vllm import VLLMEngine  # noqa: E402
+from rollart_dask.data.trainer_torch import TorchTrainer  # noqa: E402
 
 PROMPT = "SFFF\nFPFH\nFFFH\nHFFG"
 

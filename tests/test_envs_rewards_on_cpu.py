@@ -64,7 +64,7 @@ def test_grpo_advantages():
 def test_cli_envs_list_and_try():
     from click.testing import CliRunner
 
-    from rollart_dask.cli import main
+    from rollart_dask.entry.cli import main
 
     res = CliRunner().invoke(main, ["envs", "list"])
     assert res.exit_code == 0 and "frozenlake" in res.output and "envs.frozenlake:FrozenLakeText" in res.output

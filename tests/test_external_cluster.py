@@ -15,7 +15,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 DASK = str(Path(sys.executable).parent / "dask")
-CLI = [sys.executable, "-m", "rollart_dask.cli"]
+CLI = [sys.executable, "-m", "rollart_dask.entry.cli"]
 # worker name → pool of deploy/pools.sh; no SERVERLESS worker: the quickstart's rewards are local
 WORKERS = {"train-0": "train", "h800-0": "h800", "h20-0": "h20", "cpu-0": "cpu", "reward-0": "reward"}
 

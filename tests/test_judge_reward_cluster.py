@@ -5,8 +5,8 @@ import asyncio
 import math
 
 from rollart_dask.config import load_flow
-from rollart_dask.reward_plane import function_name
-from rollart_dask.services import plugins
+from rollart_dask.control.reward_plane import function_name
+from rollart_dask.data import plugins, tasks
 from tests.conftest import close, flow_dict, start_run
 from tests.test_multitask_cluster import FROZENLAKE, MATH
 
@@ -26,23 +26,23 @@ def test_judge_stays_on_the_reward_worker_while_other_rewards_go_serverless(addr
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         judged = []
-        samples = run._samples
+        train = run.train
 
-        def spy(groups):  # the trajectories each training step consumed
+        async def spy(groups, rec):  # the trajectories each training step consumed
             judged.extend(t for g in groups for t in g.kept if t.task == "math-judged")
-            return samples(groups)
+            await train(groups, rec)
 
-        run._samples = spy
+        run.train = spy
         endpoint_fns = set()
 
         def seen_by_endpoint(r):  # functions the Lambda endpoint has run (it stops with the run)
-            endpoint_fns.update(r.rewards.endpoint.stats()["functions"])
+            endpoint_fns.update(r.services.rewards.endpoint.stats()["functions"])
 
         try:
             result = await run.run(on_step=seen_by_endpoint)
-            stats = await client.run(plugins.service_stats)
+            stats = await client.run(tasks.service_stats)
             info = await client.scheduler.identity()
-            return result, run.metrics.rows, dict(run.rewards.functions), dict(run.rewards.where), stats, info, endpoint_fns, judged
+            return result, run.metrics.rows, dict(run.services.rewards.functions), dict(run.services.rewards.where), stats, info, endpoint_fns, judged
         finally:
             await close(run, client, cluster)
 
@@ -80,7 +80,7 @@ def test_judge_items_are_scored_on_the_reward_pool_in_both_modes(model_dir, run_
     REWARD one hosts the judge; then in local mode one reward batch holds plain and judge items."""
     from distributed import Client, SpecCluster, Worker
 
-    from rollart_dask.pools import submit_kwargs, worker_resources
+    from rollart_dask.resource.pools import submit_kwargs, worker_resources
 
     async def go():
         workers = {name: {"cls": Worker, "options": {"nthreads": 1, "resources": worker_resources(pools), "name": name}}
@@ -90,20 +90,20 @@ def test_judge_items_are_scored_on_the_reward_pool_in_both_modes(model_dir, run_
             names = {a: w["name"] for a, w in (await client.scheduler.identity())["workers"].items()}
 
             async def stats():
-                return {names[a]: s[plugins.REWARD] for a, s in (await client.run(plugins.service_stats)).items() if plugins.REWARD in s}
+                return {names[a]: s[plugins.REWARD] for a, s in (await client.run(tasks.service_stats)).items() if plugins.REWARD in s}
 
             spec = {"mode": "serverless", "endpoint_url": "http://127.0.0.1:9", "stateful": ["judge"], "judge_model": "smollm2",
                     "timeout_s": 60}
             await client.register_plugin(plugins.RewardPlugin(["SERVERLESS"], **spec), name=plugins.REWARD)
             items = [{"reward": "judge", "function": None, "trajectory": _traj(a)} for a in ("8", "13")]
             items.append({"reward": "judge", "function": None, "trajectory": {"task": "math", "turns": [], "info": {}}})
-            judged = await client.submit(plugins.reward_batch, items, **submit_kwargs("REWARD"))  # where the control plane sends them
+            judged = await client.submit(tasks.reward_batch, items, **submit_kwargs("REWARD"))  # where the control plane sends them
             judged_stats = await stats()
             # local mode: the plugin on the REWARD pool only, with the run's (tiny) model as the judge
             spec = {"mode": "local", "stateful": ["judge"], "judge_model": str(model_dir)}
             await client.register_plugin(plugins.RewardPlugin(["REWARD"], **spec), name=plugins.REWARD)
             mixed = [{"reward": r, "function": None, "trajectory": _traj(a)} for r, a in (("math", "8"), ("judge", "8"), ("math", "5"))]
-            local = await client.submit(plugins.reward_batch, mixed, **submit_kwargs("REWARD"))
+            local = await client.submit(tasks.reward_batch, mixed, **submit_kwargs("REWARD"))
             return judged, judged_stats, local, await stats()
 
     import torch
@@ -126,9 +126,9 @@ def test_judge_items_are_scored_on_the_reward_pool_in_both_modes(model_dir, run_
 
 def test_policy_as_judge_model_is_the_runs_own_model(tmp_path):
     """reward.judge_model: policy resolves to the run's model directory; a judge engine over it gives verdicts."""
-    from rollart_dask.api import prepare_model
-    from rollart_dask.reward_plane import RewardPlane
-    from rollart_dask.services.reward_runner import RewardRunner
+    from rollart_dask.models.prepare import prepare_model
+    from rollart_dask.control.reward_plane import RewardPlane
+    from rollart_dask.data.reward_runner import RewardRunner
 
     cfg = load_flow(data=flow_dict(**{"tasks": [JUDGED_MATH], "reward.judge_model": "policy"}))
     plane = RewardPlane(cfg, tmp_path)
@@ -147,8 +147,8 @@ def test_a_serverless_flow_with_a_judge_needs_a_reward_worker(tmp_path, run_asyn
     import pytest
     from distributed import Client, SpecCluster, Worker
 
-    from rollart_dask.pools import PoolError, worker_resources
-    from rollart_dask.reward_plane import RewardPlane
+    from rollart_dask.resource.pools import PoolError, worker_resources
+    from rollart_dask.control.reward_plane import RewardPlane
 
     cfg = load_flow(data=flow_dict(**{"tasks": [JUDGED_MATH], "reward.mode": "serverless"}))
 

@@ -128,7 +128,7 @@ def test_smollm2_builds_once_with_a_chat_template(smollm2_dir):
 def test_real_judge_calls_give_verdicts_and_finite_scores(smollm2_dir):
     import torch
 
-    from rollart_dask.services.reward_runner import RewardRunner
+    from rollart_dask.data.reward_runner import RewardRunner
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as on a reward worker (torch_threads 1)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from botocore.exceptions import ClientError
 
-from rollart_dask.serverless import (
+from rollart_dask.data.serverless import (
     RewardFunctionError,
     RewardUnavailable,
     build_zip,
@@ -20,8 +20,8 @@ from rollart_dask.serverless import (
     invoke_reward,
     make_lambda_client,
     parse_report,
-    start_local_endpoint,
 )
+from rollart_dask.tools.lambda_local import start_local_endpoint
 
 CUSTOM = '''
 import os, time
@@ -294,7 +294,7 @@ def test_non_loopback_bind_requires_token(tmp_path, monkeypatch):
     monkeypatch.delenv("ROLLART_LAMBDA_TOKEN", raising=False)
     with pytest.raises(ValueError, match="without an auth token"):
         start_local_endpoint(host="0.0.0.0", state_dir=tmp_path / "a")
-    cli = subprocess.run([sys.executable, "-m", "rollart_dask.serverless.server", "--host", "0.0.0.0", "--port", "0",
+    cli = subprocess.run([sys.executable, "-m", "rollart_dask.tools.lambda_local.server", "--host", "0.0.0.0", "--port", "0",
                           "--state-dir", str(tmp_path / "b")], check=False, capture_output=True, text=True, timeout=60,
                          env={k: v for k, v in os.environ.items() if k != "ROLLART_LAMBDA_TOKEN"})
     assert cli.returncode != 0 and "without an auth token" in cli.stderr
@@ -328,7 +328,7 @@ def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
     """`rollart rewards deploy` packages a registered reward and creates (then updates) it on the endpoint."""
     from click.testing import CliRunner
 
-    from rollart_dask.cli import main
+    from rollart_dask.entry.cli import main
     from rewards.frozenlake import reward
 
     runner = CliRunner()

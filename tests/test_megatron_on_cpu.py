@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is Non
                                 reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
 from rollart_dask.config import FlowError, load_flow
-from rollart_dask.services import trainer_megatron as tm
+from rollart_dask.data import trainer_megatron as tm
 from tests.conftest import flow_dict
 
 PROMPT = "SFFF\nFPFH\nFFFH\nHFFG\n"
@@ -105,7 +105,7 @@ def trainer(model_dir):
 
 
 def test_grpo_step_same_loss_as_torch_trainer_and_weights_change(trainer, model_dir):
-    from rollart_dask.services.trainer import TorchTrainer
+    from rollart_dask.data.trainer_torch import TorchTrainer
 
     samples = _samples(trainer.tokenizer)
     before = trainer.state_dict()
@@ -134,10 +134,13 @@ def test_sft_step_and_hf_checkpoint_round_trip(trainer, tmp_path):
 
     saved, initial = load_file(f"{path}/model.safetensors"), load_file(f"{trainer.model_dir}/model.safetensors")
     assert saved.keys() == initial.keys()  # the same files HF (and the torch trainer) write: one tensor for tied weights
+    assert [k for k in initial if not torch.equal(saved[k], initial[k])]  # the trained weights were saved, not the initial ones
     hf = AutoModelForCausalLM.from_pretrained(path).state_dict()  # what an engine loads
     assert all(torch.equal(hf[k], weights[k]) for k in weights)
     version = trainer.version
     trainer.train_step(_samples(trainer.tokenizer))
+    moved = trainer.state_dict()
+    assert [k for k in weights if not torch.equal(moved[k], weights[k])]  # the step moved them: a restore that loads nothing would show
     assert trainer.restore(path) == version
     restored = trainer.state_dict()
     assert all(torch.equal(restored[k], weights[k]) for k in weights)

@@ -2,7 +2,7 @@
 slots, per-task metrics and held-out scores, and labelled env failure injection."""
 import json
 
-from rollart_dask.api import run_flow
+from rollart_dask.entry.api import run_flow
 from rollart_dask.config import load_flow
 from tests.conftest import close, flow_dict, start_run
 
@@ -24,7 +24,7 @@ def test_multitask_flow_reports_per_task_and_honours_per_task_settings(address, 
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
             result = await run.run()
-            return result, run.metrics.rows, dict(run.em.envs_peak)
+            return result, run.metrics.rows, dict(run.services.em.envs_peak)
         finally:
             await close(run, client, cluster)
 

@@ -5,7 +5,7 @@ import json
 import time
 
 from rollart_dask.config import load_flow
-from rollart_dask.services import plugins
+from rollart_dask.data import plugins, tasks
 from tests.conftest import close, flow_dict, start_run
 
 
@@ -21,7 +21,7 @@ def test_pd_flow_ships_kv_from_prefill_to_decode_worker(address, tmp_path, model
             t0 = time.time()
             result = await run.run()
             stream = await client.get_task_stream(start=t0)
-            stats = await client.run(plugins.service_stats)
+            stats = await client.run(tasks.service_stats)
             info = await client.scheduler.identity()
             return result, stream, stats, {a: w["name"] for a, w in info["workers"].items()}
         finally:
@@ -52,7 +52,7 @@ def test_pd_flow_ships_kv_from_prefill_to_decode_worker(address, tmp_path, model
 def test_pd_on_emulated_hardware_streams_decodes_and_reports_modelled_times(tmp_path, run_async):
     """EMULATED engines: prefill on the H800 profile, modelled KV transfer, decode on the H20 profile,
     each request answered on its own (streamed decode)."""
-    from rollart_dask.api import run_flow
+    from rollart_dask.entry.api import run_flow
     from tests.test_emulated_run_cluster import _emulated_flow
 
     cfg = _emulated_flow(tmp_path, "rollout.pd={prefill: H800, decode: H20}", "trainer.steps=2")

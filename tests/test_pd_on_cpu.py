@@ -6,8 +6,8 @@ import pickle
 import pytest
 import torch
 
-from rollart_dask.services.engine_torch import TorchEngine
-from rollart_dask.services.pd import PrefillHandle, StaleKVError
+from rollart_dask.data.engine_torch import TorchEngine
+from rollart_dask.data.kv import PrefillHandle, StaleKVError
 
 PROMPTS = ["SFFF\nFPFH\nFFFH\nHFFG", "FG\nPH", "x", "SFFFFF\nFFFFFF\nFFHFFF\nFFFPFF\nFFFFFF\nFFFFFG", "FFG\nPHF"]
 
@@ -162,8 +162,8 @@ def test_pd_config_off_by_default_and_validated():
 
 def test_pd_needs_an_engine_worker_in_both_pools():
     from rollart_dask.config import FlowError, load_flow
-    from rollart_dask.loop import engine_pools, needed_pools
-    from rollart_dask.pools import PoolMap
+    from rollart_dask.resource.check import engine_pools, needed_pools
+    from rollart_dask.resource.pools import PoolMap
     from tests.conftest import flow_dict
 
     data = flow_dict(**{"rollout.pd": {"prefill": "H800", "decode": "H20"}})
@@ -176,22 +176,22 @@ def test_pd_needs_an_engine_worker_in_both_pools():
 
 
 def test_pd_with_vllm_is_refused_at_load_and_at_launch(monkeypatch):
-    from rollart_dask.config import FlowError
-    from rollart_dask.services import pd
+    from rollart_dask.config import FlowError, PDNotSupported, check_pd_backend
 
     with pytest.raises(FlowError, match="prefill/decode disaggregation is not supported by this engine .*use engine.backend torch"):
         _flow(**{"rollout.pd": {"prefill": "H800", "decode": "H20"}, "engine.backend": "vllm"})
-    with pytest.raises(pd.PDNotSupported, match=r"rollout\.pd: prefill/decode disaggregation is not supported by this engine"):
-        pd.check_backend("vllm")  # engine.backend auto that resolves to vllm, at launch
-    pd.check_backend("torch")
-    pd.check_backend("emulated")
+    with pytest.raises(PDNotSupported, match=r"rollout\.pd: prefill/decode disaggregation is not supported by this engine"):
+        check_pd_backend("vllm")  # engine.backend auto that resolves to vllm, at launch
+    check_pd_backend("torch")
+    check_pd_backend("emulated")
 
 
 def test_pd_launch_refuses_auto_resolving_to_vllm_before_touching_the_cluster(monkeypatch, tmp_path):
     import asyncio
 
-    from rollart_dask import loop
-    from rollart_dask.services import pd
+    from rollart_dask.config import PDNotSupported
+    from rollart_dask.control import wiring
+    from rollart_dask.control.run import Run
 
     class NoCluster:  # the check comes first: nothing of the cluster is asked
         def subscribe_topic(self, *a):
@@ -200,17 +200,17 @@ def test_pd_launch_refuses_auto_resolving_to_vllm_before_touching_the_cluster(mo
         def __getattr__(self, name):
             raise AssertionError(f"the cluster was used ({name}) before the engine check")
 
-    monkeypatch.setattr(loop, "resolve_engine_backend", lambda engine: "vllm")
-    run = loop.Run(_flow(**{"rollout.pd": {"prefill": "H800", "decode": "H20"}, "engine.backend": "auto"}), NoCluster(), tmp_path, tmp_path)
-    with pytest.raises(pd.PDNotSupported, match="not supported by this engine.*use engine.backend torch"):
+    monkeypatch.setattr(wiring, "resolve_engine_backend", lambda engine: "vllm")
+    run = Run(_flow(**{"rollout.pd": {"prefill": "H800", "decode": "H20"}, "engine.backend": "auto"}), NoCluster(), tmp_path, tmp_path)
+    with pytest.raises(PDNotSupported, match="not supported by this engine.*use engine.backend torch"):
         asyncio.run(run.setup())
     run.metrics.close()
 
 
 # -- emulated engine: modelled PD times --------------------------------------------------------------------
 def test_emulated_pd_times_follow_the_formula():
-    from rollart_dask.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
-    from rollart_dask.emulation.hardware import H20, H800, QWEN3_8B, decode_step_seconds, kv_transfer_seconds, pd_request_seconds, prefill_seconds
+    from rollart_dask.tools.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
+    from rollart_dask.tools.emulation.hardware import H20, H800, QWEN3_8B, decode_step_seconds, kv_transfer_seconds, pd_request_seconds, prefill_seconds
 
     prompt, output, link = 3000, 200, 25.0
     f = pd_request_seconds(QWEN3_8B, H800, H20, prompt, output, link)
@@ -246,8 +246,8 @@ def test_emulated_pd_times_follow_the_formula():
 
 
 def test_emulated_pd_versions_and_single_token_requests():
-    from rollart_dask.emulation.engine import EmulatedInstances
-    from rollart_dask.emulation.hardware import H20, H800, QWEN3_8B
+    from rollart_dask.tools.emulation.engine import EmulatedInstances
+    from rollart_dask.tools.emulation.hardware import H20, H800, QWEN3_8B
 
     a = EmulatedInstances(2, model=QWEN3_8B, gpu=H800, time_scale=0)
     b = EmulatedInstances(2, model=QWEN3_8B, gpu=H20, time_scale=0)

@@ -1,7 +1,7 @@
 """reward.mode on the shared local cluster: serverless rewards go through boto3 to a local
 Lambda-compatible endpoint started for the run; a reward that fails is never made up."""
 from rollart_dask.config import load_flow
-from rollart_dask.reward_plane import function_name
+from rollart_dask.control.reward_plane import function_name
 from tests.conftest import close, flow_dict, start_run
 from tests.test_multitask_cluster import FROZENLAKE, MATH
 
@@ -16,9 +16,9 @@ def test_serverless_rewards_through_the_lambda_api_and_failures_are_counted_not_
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
-            assert run.rewards.url.startswith("http://127.0.0.1:")
+            assert run.services.rewards.url.startswith("http://127.0.0.1:")
             result = await run.run()
-            return result, run.metrics.rows, dict(run.rewards.functions), list(run.trained_ids), run.em.counts
+            return result, run.metrics.rows, dict(run.services.rewards.functions), list(run.trained_ids), run.services.em.counts
         finally:
             await close(run, client, cluster)
 

@@ -7,11 +7,12 @@ import asyncio
 import time
 
 import pytest
+import torch
 
-from rollart_dask.cluster import connect
+from rollart_dask.resource.cluster import connect
 from rollart_dask.config import load_flow
-from rollart_dask.loop import Run
-from rollart_dask.pools import PoolError
+from rollart_dask.control.run import Run
+from rollart_dask.resource.pools import PoolError
 from tests.conftest import close, flow_dict, start_run
 
 POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "reward-0": "REWARD"}
@@ -77,7 +78,7 @@ def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, t
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
-            p = run.proxy
+            p = run.services.proxy
             before_futures = run.d.futures
             group = await asyncio.gather(*(p.generate(f"g/{i}", "H800", prompt, list("LDRU"), 2, 1.0) for i in range(8)))
             n_futures = run.d.futures - before_futures
@@ -85,13 +86,13 @@ def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, t
             # one real training step on the trainer worker, published and pulled by the engine
             samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
                         "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
-            from rollart_dask.services import plugins
+            from rollart_dask.data import plugins, tasks
 
-            tf = run.d.submit_one("train", plugins.trainer_step, samples, pool="TRAIN", worker=run.trainer)
+            tf = run.d.submit_one("train", tasks.trainer_step, samples, pool="TRAIN", worker=run.services.trainer)
             metrics = await tf
-            run.weights.publish(metrics["version"], p.pool_of, after=tf)
+            run.services.weights.publish(metrics["version"], p.pool_of, after=tf)
             await p.suspend()
-            transfer = await run.weights.wait_staged()
+            transfer = await run.services.weights.wait_staged()
             await p.update_weights(metrics["version"])
             p.resume()
             assert transfer["version"] == 1 and transfer["bytes"] > 0 and transfer["engines"] == len(p.pool_of)
@@ -114,16 +115,22 @@ def test_suspend_resume_loses_and_duplicates_nothing(address, tmp_path, model_di
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
-            p = run.proxy
+            p = run.services.proxy
             calls = [asyncio.ensure_future(p.generate(f"t/{i}", "H800", "hello world " * 8, None, 300, 1.0)) for i in range(24)]
             await asyncio.sleep(0.05)
+            held = 0
             for _ in range(3):  # suspend while requests are decoding: they are aborted, then re-issued after resume
                 await p.suspend()
                 assert not p._inflight
-                await asyncio.sleep(0.1)
-                assert not any(c.done() for c in calls if not c.done())
+                pending, requests = [c for c in calls if not c.done()], p.requests
+                held += len(pending)
+                await asyncio.sleep(0.5)
+                # while suspended no call completes and no request reaches an engine: the aborted ones wait for Resume
+                assert not [c for c in pending if c.done()], "a call completed while the engines were suspended"
+                assert p.requests == requests and not p._inflight, "a request was issued while the engines were suspended"
                 p.resume()
                 await asyncio.sleep(0.3)
+            assert held > 0  # the suspensions did hold calls back
             done = await asyncio.gather(*calls)
             result = await run.run()  # and through whole steps, with Suspend/Update/Resume each step
             return done, p.reissued, run.trained_ids, result
@@ -159,7 +166,10 @@ def test_modes_train_and_publish(address, tmp_path, model_dir, run_async, mode):
     assert result["last"]["version"] == 3
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(result["checkpoint"])  # an HF checkpoint transformers loads
+    trained = AutoModelForCausalLM.from_pretrained(result["checkpoint"]).state_dict()  # an HF checkpoint transformers loads
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert trained.keys() == initial.keys()
+    assert [k for k in initial if not torch.equal(trained[k], initial[k])]  # ...holding the trained weights, not the initial ones
 
 
 def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):
@@ -171,7 +181,7 @@ def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):
 
         def on_step(r):
             if r.published == 1 and not killed:
-                addr = next(a for a, w in r.poolmap.workers.items() if w["name"] == "cpu-0")
+                addr = next(a for a, w in r.services.poolmap.workers.items() if w["name"] == "cpu-0")
                 killed["addr"] = addr
 
                 async def die():  # the worker process exits hard; its Nanny starts a fresh one
@@ -196,14 +206,14 @@ def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):
     assert len(trained) == len(set(trained)) == 4 * 3 * 4  # every batch full: lost trajectories were restarted elsewhere
 
 
+@pytest.mark.needs("vllm")
 def test_vllm_engine_service_in_a_run(address, tmp_path, model_dir, run_async):
-    pytest.importorskip("vllm", reason="the vllm extra is not installed (make test installs it)")
     cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "engine.backend": "vllm", "trainer.steps": 2}))
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
-            return run.engine_backend, await run.run(), run.metrics.rows
+            return run.services.engine_backend, await run.run(), run.metrics.rows
         finally:
             await close(run, client, cluster)
 
@@ -221,7 +231,7 @@ def test_losing_the_engine_worker_stops_the_run_with_a_clear_error(tmp_path, mod
 
         def on_step(r):
             if r.published == 1:
-                addr = next(a for a, w in r.poolmap.workers.items() if w["name"] == "h800-0")
+                addr = next(a for a, w in r.services.poolmap.workers.items() if w["name"] == "h800-0")
 
                 async def die():
                     import os

@@ -7,10 +7,10 @@ from envs.frozenlake import FrozenLakeText
 from envs.reasoning import MathEnv
 from envs.sokoban import SokobanText
 from rollart_dask.config import FlowError, load_flow
-from rollart_dask.services.encoding import demo_sample
-from rollart_dask.services.engine_torch import TorchEngine
-from rollart_dask.services.envhost import expert_demos
-from rollart_dask.services.trainer import TorchTrainer
+from rollart_dask.data.encoding import demo_sample
+from rollart_dask.data.engine_torch import TorchEngine
+from rollart_dask.data.envhost import expert_demos
+from rollart_dask.data.trainer_torch import TorchTrainer
 from tests.conftest import flow_dict
 
 MATH_ARGS = {"dataset": "basic_arithmetic", "choices": [-10, 20],

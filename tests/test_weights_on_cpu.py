@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from rollart_dask.config import FlowError, load_flow
-from rollart_dask.weights.buckets import WeightsIntegrityError, bucketize, publish_buckets, verify
+from rollart_dask.data.weights.buckets import WeightsIntegrityError, bucketize, publish_buckets, verify
 
 from conftest import flow_dict
 

@@ -1,6 +1,6 @@
 """GPU check of the megatron-core trainer backend (one NVIDIA GPU, megatron-core==0.16.1). Under 3 minutes.
 
-What it does, through the product's own code path (rollart_dask.services.trainer_megatron):
+What it does, through the product's own code path (rollart_dask.data.trainer_megatron):
   1. builds the tiny Qwen2 model locally (rollart_dask.models.tiny; nothing is downloaded) and a tiny
      Llama (GQA, untied, RoPE base 1e5) from a config: the converted GPTModel's logits on the GPU
      must match the HF model's;
@@ -84,8 +84,8 @@ def main() -> int:
     import torch
 
     from rollart_dask.models.tiny import build_tiny_model
-    from rollart_dask.services import trainer_megatron as tm
-    from rollart_dask.services.trainer import TorchTrainer
+    from rollart_dask.data import trainer_megatron as tm
+    from rollart_dask.data.trainer_torch import TorchTrainer
 
     t_start = time.perf_counter()
     if not args.cpu and not torch.cuda.is_available():

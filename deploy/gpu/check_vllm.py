@@ -71,9 +71,9 @@ def greedy_diff(a: list, b: list, tol: float) -> str | None:
 # -- run on the engine's worker (client.run): the service object itself ------------------------------
 def engine_sleep_cycle(level: int, dask_worker=None) -> dict:
     """Sleep at ``level`` and wake up while holding the engine lock; GPU memory freed meanwhile."""
-    from rollart_dask.services import plugins
+    from rollart_dask.data import plugins, tasks
 
-    eng = plugins.service(plugins.ENGINE, dask_worker)
+    eng = tasks.service(plugins.ENGINE, dask_worker)
     free = None
     with eng._lock:
         t0 = time.perf_counter()
@@ -91,11 +91,11 @@ def engine_sleep_cycle(level: int, dask_worker=None) -> dict:
 
 
 async def main(args) -> None:
-    from rollart_dask.cluster import connect
+    from rollart_dask.resource.cluster import connect
     from rollart_dask.config import ClusterConfig, EngineConfig, WorkerSpec
     from rollart_dask.models.tiny import build_tiny_model
-    from rollart_dask.pools import submit_kwargs
-    from rollart_dask.services import plugins
+    from rollart_dask.resource.pools import submit_kwargs
+    from rollart_dask.data import plugins, tasks
 
     timings: dict[str, float] = {}
     if not args.verbose:  # vLLM's INFO lines from the worker drown the checks (set before the worker starts: it inherits it)
@@ -119,10 +119,8 @@ async def main(args) -> None:
     client, cluster = await connect(cluster_cfg)
     timings["start cluster"] = time.perf_counter() - t
     try:
-        # the spec Run.setup gives the engine plugin (rollart_dask/loop.py)
-        plugin = plugins.EnginePlugin(["H800"], exclude=["TRAIN"], model_dir=str(model_dir), seed=0, max_batch=eng_cfg.max_batch,
-                                      gpu_memory_utilization=eng_cfg.gpu_memory_utilization, sleep_level=eng_cfg.sleep_level,
-                                      backend="vllm")
+        # the plugin a run registers (plugins.engine_plugin), from this engine section alone
+        plugin = plugins.EnginePlugin(["H800"], exclude=["TRAIN"], backend="vllm", engine=eng_cfg, model_dir=str(model_dir), seed=0)
         t = time.perf_counter()
         await asyncio.wait_for(client.register_plugin(plugin, name=plugins.ENGINE), args.start_timeout)
         timings["start engine (in the worker)"] = time.perf_counter() - t
@@ -131,7 +129,7 @@ async def main(args) -> None:
             return await asyncio.wait_for(client.submit(fn, *a, **submit_kwargs("H800")), timeout)
 
         async def stats() -> dict:
-            per_worker = await client.run(plugins.service_stats)
+            per_worker = await client.run(tasks.service_stats)
             return next(iter(per_worker.values()))[plugins.ENGINE]
 
         st = await stats()
@@ -149,7 +147,7 @@ async def main(args) -> None:
             return [r[1] for r in results]
 
         t = time.perf_counter()
-        out0 = unwrap(await call(plugins.generate_batch, requests("v0")))
+        out0 = unwrap(await call(tasks.generate_batch, requests("v0")))
         timings["first generate (64 sampled + 8 greedy)"] = time.perf_counter() - t
         sampled0, greedy0 = out0[:64], out0[64:]
         check(all(c.version == 0 for c in out0), "version 0 before any update")
@@ -162,20 +160,20 @@ async def main(args) -> None:
 
         big = [{"id": f"tp{i}", "prompt": f"{PROMPT}\n#{i}", "choices": None, "max_tokens": 32, "temperature": 1.0} for i in range(256)]
         t = time.perf_counter()
-        outs = unwrap(await call(plugins.generate_batch, big, timeout=120))
+        outs = unwrap(await call(tasks.generate_batch, big, timeout=120))
         dt = time.perf_counter() - t
         timings["generate 256 x 32 tokens"] = dt
         print(f"  throughput: {sum(len(c.token_ids) for c in outs) / dt:,.0f} tokens/s (incl. the Dask round trip)", flush=True)
 
         from transformers import Qwen2ForCausalLM
 
-        from rollart_dask.weights.buckets import publish_buckets
-        from rollart_dask.weights.worker import engine_stage_dask, engine_swap
+        from rollart_dask.data.weights.buckets import publish_buckets
+        from rollart_dask.data.weights.worker import engine_stage_dask, engine_swap
 
         original = {k: v.detach().clone() for k, v in Qwen2ForCausalLM.from_pretrained(str(model_dir)).state_dict().items()}
 
         async def update(version: int, state: dict) -> int:
-            """The run's path on the engine's side: checksummed buckets staged, then swapped in (rollart_dask/weights)."""
+            """The run's path on the engine's side: checksummed buckets staged, then swapped in (rollart_dask/data/weights)."""
             manifest, blobs = publish_buckets(state, version, 16 << 20)
             [buckets] = await client.scatter([blobs], direct=True)  # one Dask result holding the buckets, as the trainer's are
             await call(engine_stage_dask, manifest, buckets)
@@ -185,7 +183,7 @@ async def main(args) -> None:
         v = await update(1, perturbed(original))
         timings["update weights (perturbed)"] = time.perf_counter() - t
         check(v == 1, "update to version 1 acknowledged")
-        out1 = unwrap(await call(plugins.generate_batch, requests("v1")))
+        out1 = unwrap(await call(tasks.generate_batch, requests("v1")))
         greedy1 = out1[64:]
         check(all(c.version == 1 for c in out1), "outputs carry version 1")
         check(greedy_diff(greedy0, greedy1, 1e-6) is not None, "greedy outputs changed with the perturbed weights")
@@ -193,7 +191,7 @@ async def main(args) -> None:
         t = time.perf_counter()
         v = await update(2, original)
         timings["update weights (original)"] = time.perf_counter() - t
-        out2 = unwrap(await call(plugins.generate_batch, requests("v2")))
+        out2 = unwrap(await call(tasks.generate_batch, requests("v2")))
         greedy2 = out2[64:]
         check(v == 2 and all(c.version == 2 for c in out2), "update to version 2; outputs carry it")
         diff = greedy_diff(greedy0, greedy2, args.tol)
@@ -209,7 +207,7 @@ async def main(args) -> None:
             print(f"  level-1 sleep released {cycle['freed_bytes'] / 2**30:.2f} GiB; sleep {cycle['sleep_s']:.3f} s, wake {cycle['wake_s']:.3f} s",
                   flush=True)
             timings["sleep(1) + wake_up()"] = cycle["sleep_s"] + cycle["wake_s"]
-            out3 = unwrap(await call(plugins.generate_batch, requests("v3")))
+            out3 = unwrap(await call(tasks.generate_batch, requests("v3")))
             diff = greedy_diff(greedy2, out3[64:], args.tol)
             check(diff is None, f"greedy outputs unchanged after sleep/wake{f' -- {diff}' if diff else ''}")
         else:

@@ -1,18 +1,15 @@
-"""Advantage estimators (registry of small pure functions)."""
+"""Advantage estimators (registry of small pure functions), chosen by ``trainer.advantage``.
+
+An estimator maps one group's rewards to one advantage per member: ``fn(rewards) -> list[float]``.
+"""
 from __future__ import annotations
 
 import math
-from typing import Callable
 
-ADVANTAGES: dict[str, Callable] = {}
+from rollart_dask.registries import Registry
 
-
-def register_advantage(name: str):
-    def deco(fn):
-        ADVANTAGES[name] = fn
-        return fn
-
-    return deco
+ADVANTAGES = Registry("advantage")
+register_advantage = ADVANTAGES.register  # @register_advantage("name")
 
 
 @register_advantage("grpo")

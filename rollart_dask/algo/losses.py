@@ -1,7 +1,16 @@
-"""Policy losses on padded token tensors (pure torch)."""
+"""Policy losses on padded token tensors (pure torch), chosen by ``trainer.loss``.
+
+A loss is ``fn(logp, old_logp, advantages, mask, clip, entropy, entropy_coef) -> (loss, stats)``:
+the trainer calls the configured one with those keywords on every micro-batch.
+"""
 from __future__ import annotations
 
 import torch
+
+from rollart_dask.registries import Registry
+
+LOSSES = Registry("loss")
+register_loss = LOSSES.register  # @register_loss("name")
 
 
 def masked_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, allowed: torch.Tensor | None, temperature: float):
@@ -21,6 +30,7 @@ def masked_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, all
     return logp, entropy
 
 
+@register_loss("ppo_clip")
 def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0):
     """Token-level PPO-clip loss (GRPO): every response token of the batch weighs the same.
 

@@ -1,0 +1,47 @@
+"""Training samples from finished groups: a pure function beside the algorithms (no Dask, no torch).
+
+One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the trajectory's
+advantage); the stats describe the batch as trained: reward, success, the share of groups with any
+signal (a group whose members all scored alike teaches nothing under GRPO), and per task.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol, Sequence
+
+from rollart_dask.types import Trajectory
+
+
+class FinishedGroup(Protocol):
+    task: str
+    kept: list[Trajectory]
+
+
+def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[float]], list[float]]) -> tuple[list[dict], dict]:
+    """(samples, stats) for a batch of groups, with ``advantage(rewards) -> one value per member``."""
+    samples: list[dict] = []
+    rewards: list[float] = []
+    success: list[float] = []
+    varied = 0
+    per_task: dict[str, dict] = {}
+    for g in groups:
+        rs = [t.reward for t in g.kept]
+        advs = advantage(rs)
+        varied += int(any(a != 0 for a in advs))
+        rewards += rs
+        pt = per_task.setdefault(g.task, {"groups": 0, "trajectories": 0, "reward_sum": 0.0, "success_sum": 0.0, "turns": 0})
+        pt["groups"] += 1
+        for traj, a in zip(g.kept, advs):
+            success.append(float(traj.success))
+            pt["trajectories"] += 1
+            pt["reward_sum"] += traj.reward
+            pt["success_sum"] += float(traj.success)
+            pt["turns"] += len(traj.turns)
+            for turn in traj.turns:
+                samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
+                                "allowed_ids": turn.allowed_ids, "advantage": a})
+    stats = {"trajectories": len(rewards), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
+             "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards),
+             "tasks": {name: {"groups": pt["groups"], "trajectories": pt["trajectories"], "reward_mean": pt["reward_sum"] / pt["trajectories"],
+                              "success": pt["success_sum"] / pt["trajectories"], "turns_per_traj": pt["turns"] / pt["trajectories"]}
+                       for name, pt in per_task.items()}}
+    return samples, stats

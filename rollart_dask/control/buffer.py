@@ -1,0 +1,177 @@
+"""SampleBuffer: GRPO groups, redundancy and the staleness bound, as a pure state machine.
+
+No Dask, no asyncio: the control plane feeds it events (a group opened, a trajectory started
+at a version, finished, failed) and carries out what it answers (launch these members,
+cancel those). Tested without a cluster.
+
+Rules (DESIGN.md §6):
+- A group of size G (per task) launches G + r members; the first G to finish are kept, the rest are
+  cancelled and counted as redundant.
+- A member that fails or is aborted is replaced: from the redundant members still running,
+  else by relaunching one (at most ``max_relaunch`` per group; after that the group is
+  dropped and counted).
+- Staleness: with the policy at version n, a member started by version < n - alpha is
+  aborted (running) or evicted (finished), counted, and replaced.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from rollart_dask.types import Trajectory
+
+RUNNING, KEPT, CANCELLED, FAILED, STALE = "running", "kept", "cancelled", "failed", "stale"
+
+
+@dataclass
+class Group:
+    id: str
+    task: str
+    seed: int
+    size: int  # G: members kept for training
+    members: dict[str, str] = field(default_factory=dict)  # traj id → state
+    versions: dict[str, int] = field(default_factory=dict)  # traj id → start version
+    kept: list[Trajectory] = field(default_factory=list)
+    relaunches: int = 0
+    next_index: int = 0
+
+    def running(self) -> list[str]:
+        return [t for t, s in self.members.items() if s == RUNNING]
+
+
+@dataclass
+class Orders:
+    """What the control plane must do after an event."""
+
+    launch: list[tuple[str, str]] = field(default_factory=list)  # (group id, trajectory id)
+    cancel: list[str] = field(default_factory=list)  # trajectory ids to abort
+
+    def extend(self, other: "Orders") -> "Orders":
+        self.launch += other.launch
+        self.cancel += other.cancel
+        return self
+
+
+class SampleBuffer:
+    def __init__(self, group_size: int, redundancy: int = 0, alpha: int = 1, max_relaunch: int = 3):
+        self.G, self.r, self.alpha, self.max_relaunch = group_size, redundancy, alpha, max_relaunch
+        self.groups: dict[str, Group] = {}
+        self.complete: list[str] = []  # group ids with G kept members, in completion order
+        self.counts: Counter = Counter()
+        self.opened = 0
+        self.dropped = 0
+
+    # -- events ---------------------------------------------------------------------------
+    def open_group(self, group_id: str, task: str, seed: int, size: int | None = None) -> Orders:
+        """Open a group of ``size`` kept members (default: the buffer's G); launches size + r."""
+        g = Group(group_id, task, seed, size or self.G)
+        self.groups[group_id] = g
+        self.opened += 1
+        return Orders(launch=[self._new_member(g) for _ in range(g.size + self.r)])
+
+    def started(self, traj_id: str, version: int) -> None:
+        g = self._group_of(traj_id)
+        if g is not None:
+            g.versions.setdefault(traj_id, version)
+
+    def finished(self, traj: Trajectory) -> Orders:
+        g = self.groups.get(traj.group_id)
+        if g is None or g.members.get(traj.id) != RUNNING:
+            self.counts["late"] += 1  # cancelled or dropped before it finished: already counted
+            return Orders()
+        g.members[traj.id] = KEPT
+        g.versions.setdefault(traj.id, traj.version if traj.version is not None else 0)
+        g.kept.append(traj)
+        self.counts["finished"] += 1
+        orders = Orders()
+        if len(g.kept) == g.size:
+            for t in g.running():
+                g.members[t] = CANCELLED
+                orders.cancel.append(t)
+                self.counts["redundant_dropped"] += 1
+            self.complete.append(g.id)
+        return orders
+
+    def failed(self, traj_id: str, reason: str = "failed") -> Orders:
+        g = self._group_of(traj_id)
+        if g is None or g.members.get(traj_id) != RUNNING:
+            return Orders()
+        g.members[traj_id] = FAILED
+        self.counts[reason] += 1
+        return self._refill(g)
+
+    def enforce_staleness(self, policy_version: int) -> Orders:
+        """Abort running and evict finished members started before policy_version - alpha."""
+        floor = policy_version - self.alpha
+        orders = Orders()
+        for g in list(self.groups.values()):
+            stale = [t for t, v in g.versions.items() if v < floor and g.members.get(t) in (RUNNING, KEPT)]
+            if not stale:
+                continue
+            for t in stale:
+                if g.members[t] == RUNNING:
+                    orders.cancel.append(t)
+                    self.counts["aborted_stale"] += 1
+                else:
+                    g.kept = [k for k in g.kept if k.id != t]
+                    self.counts["evicted_stale"] += 1
+                g.members[t] = STALE
+            if g.id in self.complete and len(g.kept) < g.size:
+                self.complete.remove(g.id)
+            orders.extend(self._refill(g))
+        return orders
+
+    # -- batches --------------------------------------------------------------------------
+    def ready(self) -> int:
+        return len(self.complete)
+
+    def take(self, n_groups: int) -> list[Group] | None:
+        """Pop the first n complete groups (call enforce_staleness first), or None if fewer."""
+        if len(self.complete) < n_groups:
+            return None
+        ids, self.complete = self.complete[:n_groups], self.complete[n_groups:]
+        out = [self.groups.pop(i) for i in ids]
+        self.counts["groups_trained"] += len(out)
+        return out
+
+    @property
+    def admitted(self) -> int:
+        """Groups opened and not dropped: what the launcher's admission bound counts."""
+        return self.opened - self.dropped
+
+    def in_flight(self) -> list[str]:
+        return [t for g in self.groups.values() for t in g.running()]
+
+    def staleness(self, policy_version: int, groups: list[Group]) -> list[int]:
+        return [policy_version - (t.version or 0) for g in groups for t in g.kept]
+
+    # -- internals ------------------------------------------------------------------------
+    def _new_member(self, g: Group) -> tuple[str, str]:
+        tid = f"{g.id}/{g.next_index}"
+        g.next_index += 1
+        g.members[tid] = RUNNING
+        return g.id, tid
+
+    def _refill(self, g: Group) -> Orders:
+        need = g.size - len(g.kept) - len(g.running())
+        if need <= 0:
+            return Orders()
+        if g.relaunches + need > self.max_relaunch:
+            return self._drop(g)
+        g.relaunches += need
+        self.counts["relaunched"] += need
+        return Orders(launch=[self._new_member(g) for _ in range(need)])
+
+    def _drop(self, g: Group) -> Orders:
+        orders = Orders(cancel=g.running())
+        for t in orders.cancel:
+            g.members[t] = CANCELLED
+        self.groups.pop(g.id, None)
+        if g.id in self.complete:
+            self.complete.remove(g.id)
+        self.dropped += 1
+        self.counts["groups_dropped"] += 1
+        return orders
+
+    def _group_of(self, traj_id: str) -> Group | None:
+        return self.groups.get(traj_id.rsplit("/", 1)[0])

@@ -1,0 +1,185 @@
+"""EnvManager: one coroutine per trajectory — reset → [generate → step]* → reward — with its
+own timeouts and retry budget. Envs are placed on the least-loaded env worker and every
+step goes where the env lives; a lost env worker fails the trajectory with WorkerLost so the
+buffer relaunches it elsewhere (counted)."""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from rollart_dask.config import EngineConfig, RolloutConfig, TaskConfig, task_pool
+from rollart_dask.control.dispatch import CallFailed, Dispatcher, WorkerLost
+from rollart_dask.control.proxy import LLMProxy
+from rollart_dask.data import tasks
+from rollart_dask.types import Trajectory, Turn
+
+
+class TurnBarrier:
+    """Batch-level env interaction: every live trajectory of a wave waits for the others before
+    each generate (the veRL-style baseline). A finished trajectory leaves the barrier."""
+
+    def __init__(self, parties: int):
+        self.parties, self.arrived = parties, 0
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        event = self._event
+        if self.arrived >= self.parties:
+            self._release()
+        else:
+            await event.wait()
+
+    def leave(self) -> None:
+        self.parties -= 1
+        if self.parties > 0 and self.arrived >= self.parties:
+            self._release()
+
+    def _release(self) -> None:
+        self.arrived = 0
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+
+class EnvManager:
+    def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig,
+                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None, stateful_rewards=()):
+        self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
+        self.reward_pool = reward_pool
+        self.reward_functions = reward_functions or {}  # reward name → deployed function (serverless)
+        self.stateful_rewards = set(stateful_rewards)  # rewards that need an engine: always on the REWARD pool
+        self.env_workers = list(env_workers)
+        self.envs_on: Counter = Counter({a: 0 for a in env_workers})
+        self.envs_of: Counter = Counter()  # (worker, task) → live envs, for per-task env_concurrency
+        self.envs_peak: Counter = Counter()  # task → most live envs seen on one worker
+        self._freed = asyncio.Event()  # an env slot was freed or a worker joined
+        self.stage: dict[str, str] = {}  # trajectory id → stage it is in (for the watchdog)
+        self.where: dict[str, str] = {}  # trajectory id → env worker
+        self.counts: Counter = Counter()
+
+    def worker_lost(self, address: str) -> None:
+        if address in self.env_workers:
+            self.env_workers.remove(address)
+            self.envs_on.pop(address, None)
+            self._freed.set()  # trajectories waiting for a slot re-place (or fail with WorkerLost)
+
+    def worker_joined(self, address: str) -> None:
+        if address not in self.env_workers:
+            self.env_workers.append(address)
+            self.envs_on[address] = 0
+            self._freed.set()
+
+    async def _place(self, task: TaskConfig) -> str:
+        """The least-loaded env worker with a free slot for this task (waits while all are full)."""
+        limit = task.env_concurrency
+        while True:
+            if not self.env_workers:
+                raise WorkerLost("no env worker left in pool CPU")
+            free = [a for a in self.env_workers if limit is None or self.envs_of[a, task.name] < limit]
+            if free:
+                return min(free, key=lambda a: self.envs_on[a])
+            self._freed.clear()
+            await self._freed.wait()
+
+    async def _env(self, stage: str, fn, item: dict, worker: str, retries: int):
+        for attempt in range(retries + 1):
+            if worker not in self.env_workers:
+                raise WorkerLost(f"env worker {worker} left the cluster")
+            try:
+                return await self.d.call(stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s,
+                                         streamed=True)
+            except (CallFailed, TimeoutError):
+                self.counts[f"{stage}_errors"] += 1
+                if attempt == retries:
+                    raise
+
+    async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, greedy: bool = False, on_start=None) -> Trajectory:
+        """Play one trajectory to its end and score it. Raises on failure; the caller counts it."""
+        tid = traj.id
+        in_barrier = barrier is not None
+        self.stage[tid] = "env-wait"
+        try:
+            worker = await self._place(task)
+        except BaseException:
+            self.stage.pop(tid, None)
+            if in_barrier:
+                barrier.leave()
+            raise
+        self.envs_on[worker] += 1
+        self.envs_of[worker, task.name] += 1
+        self.envs_peak[task.name] = max(self.envs_peak[task.name], self.envs_of[worker, task.name])
+        self.where[tid] = worker
+        try:
+            self.stage[tid] = "env-reset"
+            reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed, "inject": task.inject,
+                     "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0"}
+            obs, info = await self._env("env-reset", tasks.env_reset_stream, reset, worker, self.rollout.retries)
+            choices = info.get("action_choices") if self.engine.constrained else None
+            final_info: dict = {}
+            emulate = info.get("emulate")  # an EMULATED workload env's lengths for the next turn
+            budget = task.token_budget
+            term = False
+            for turn in range(task.max_turns):
+                if budget is not None and budget <= 0:
+                    break  # token budget spent: truncated
+                if in_barrier:
+                    self.stage[tid] = "barrier"
+                    await barrier.wait()
+                self.stage[tid] = "generate"
+                max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
+                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate)
+                if budget is not None:
+                    budget -= len(c.token_ids)
+                if traj.version is None:
+                    traj.version = c.version
+                    if on_start is not None:
+                        on_start(tid, c.version)
+                self.stage[tid] = "env-step"
+                last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
+                # env.step is not idempotent: no retry (a failed step fails the trajectory)
+                nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
+                traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
+                                       allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r))
+                obs, emulate = nobs, final_info.get("emulate")
+                if term or trunc:
+                    break
+            if in_barrier:
+                barrier.leave()
+                in_barrier = False
+            traj.info = dict(final_info, truncated=not term)  # out of turns (or a failed last step) rather than an ending
+            self.stage[tid] = "reward"
+            score = await self._reward(task, traj)
+            traj.reward = float(score["score"])
+            traj.info["reward"] = score
+            return traj
+        except BaseException:
+            if tid in self.where and worker in self.env_workers:
+                asyncio.ensure_future(self._close(tid, worker))
+            raise
+        finally:
+            if in_barrier:
+                barrier.leave()
+            self.stage.pop(tid, None)
+            self.where.pop(tid, None)
+            if worker in self.envs_on:
+                self.envs_on[worker] -= 1
+            self.envs_of[worker, task.name] -= 1
+            self._freed.set()
+            self.proxy.forget(tid)
+
+    async def _reward(self, task: TaskConfig, traj: Trajectory) -> dict:
+        item = {"reward": task.reward, "function": self.reward_functions.get(task.reward), "trajectory": traj.for_reward()}
+        for attempt in range(self.rollout.retries + 1):
+            try:
+                pool = "REWARD" if task.reward in self.stateful_rewards else self.reward_pool  # a judge stays local in either mode
+                return await self.d.call("reward", tasks.reward_batch, item, pool=pool, timeout=self.rollout.reward_timeout_s)
+            except (CallFailed, TimeoutError):
+                self.counts["reward_errors"] += 1
+                if attempt == self.rollout.retries:
+                    raise
+
+    async def _close(self, tid: str, worker: str) -> None:
+        try:
+            await self.d.call("env-close", tasks.env_close_batch, {"traj_id": tid}, pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
+        except Exception:
+            pass  # best effort: the env host also drops envs when a worker restarts

@@ -1,0 +1,144 @@
+"""Launching trajectories: admission under the staleness bound, one coroutine per trajectory, and
+carrying out the buffer's orders (relaunch a lost member, cancel stale or redundant ones).
+
+Admission: ``safe`` opens a group only while groups admitted < (engine version + α + 1) × batch, so
+nothing is started that the staleness bound would certainly throw away; α = 0 then waits for each
+training step and its weight update before rollout goes on. ``eager`` (the paper's) keeps up to
+(α + 1) batches untrained, in flight or ready; what outlives the bound is aborted.
+Levels: ``trajectory`` opens groups one by one as room appears; ``batch`` opens a whole wave of
+batch_groups groups whose turns advance in lock-step (a TurnBarrier), the synchronous baseline.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import Counter
+
+from rollart_dask.config import FlowConfig, TaskConfig
+from rollart_dask.control import phases
+from rollart_dask.control.buffer import Orders, SampleBuffer
+from rollart_dask.control.dispatch import WorkerLost
+from rollart_dask.control.envmanager import EnvManager, TurnBarrier
+from rollart_dask.control.proxy import LLMProxy, TrajectoryCancelled
+from rollart_dask.observe import console
+from rollart_dask.types import Trajectory
+
+
+class Launcher:
+    def __init__(self, cfg: FlowConfig, buffer: SampleBuffer, proxy: LLMProxy, em: EnvManager, counts: Counter):
+        self.cfg, self.buffer, self.proxy, self.em, self.counts = cfg, buffer, proxy, em, counts
+        self.tasks = {t.name: t for t in cfg.tasks}
+        self.rng = random.Random(cfg.seed)
+        self.members: dict[str, asyncio.Task] = {}  # trajectory id → its coroutine
+        self.base_version = 0  # admission counts groups from the version rollout started at
+        self.paused = False
+        self.stopping = False
+        self.rollout_span: dict | None = None  # Dask span every trajectory's calls go into
+        self.finished_at = time.monotonic()  # when a trajectory last finished (the watchdog's progress)
+        self.trajectory_s: list[float] = []  # launch → reward of trajectories finished since the last drain
+        self.batch_ready = asyncio.Event()  # a trajectory ended: a batch may be complete
+        self._wake = asyncio.Event()
+        self._wave: list[str] = []
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def limit(self) -> int:
+        """Groups that may have been admitted so far (see the module docstring)."""
+        r = self.cfg.rollout
+        if r.admission == "eager" and r.alpha > 0:
+            return self.buffer.counts["groups_trained"] + (r.alpha + 1) * r.batch_groups
+        return (self.proxy.version - self.base_version + r.alpha + 1) * r.batch_groups
+
+    async def loop(self) -> None:
+        r = self.cfg.rollout
+        while not self.stopping:
+            if self.paused:
+                pass
+            elif r.level == "trajectory":
+                while self.buffer.admitted < self.limit() and not self.stopping and not self.paused:
+                    self._open_group(None)
+            elif self._wave_done() and self.buffer.admitted + r.batch_groups <= self.limit():
+                barrier = TurnBarrier(0)  # each opened group adds its members
+                self._wave = [self._open_group(barrier) for _ in range(r.batch_groups)]
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _open_group(self, barrier: TurnBarrier | None) -> str:
+        names = list(self.tasks)
+        task = self.rng.choices(names, weights=[self.tasks[n].weight for n in names])[0]
+        gid = f"g{self.buffer.opened}-{uuid.uuid4().hex[:6]}"
+        seed = self.rng.randrange(0, self.cfg.eval.start_seed)
+        size = self.tasks[task].group_size or self.cfg.rollout.group_size
+        if barrier is not None:
+            barrier.parties += size + self.cfg.rollout.redundancy
+        self.carry_out(self.buffer.open_group(gid, task, seed, size), barrier)
+        return gid
+
+    def _wave_done(self) -> bool:
+        return all(g not in self.buffer.groups or not self.buffer.groups[g].running() for g in self._wave)
+
+    def carry_out(self, orders: Orders, barrier: TurnBarrier | None = None) -> None:
+        for gid, tid in orders.launch:
+            g = self.buffer.groups[gid]
+            traj = Trajectory(id=tid, group_id=gid, task=g.task, seed=g.seed)
+            self.members[tid] = asyncio.ensure_future(self._member(traj, self.tasks[g.task], barrier))
+        if orders.cancel:
+            asyncio.ensure_future(self._cancel(orders.cancel))
+            for tid in orders.cancel:
+                task = self.members.get(tid)
+                if task is not None:
+                    task.cancel()
+
+    async def _cancel(self, traj_ids: list[str]) -> None:
+        """Abort the engine requests of cancelled trajectories; a failed abort is counted (the request
+        then runs to its end and its answer is dropped), and ignored once the run is stopping."""
+        try:
+            await self.proxy.cancel(traj_ids)
+        except Exception:
+            if not self.stopping:
+                self.counts["abort_errors"] += 1
+
+    async def _member(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None) -> None:
+        orders = Orders()
+        t0 = time.monotonic()
+        try:
+            # a member started from inside a phase (a replacement) still counts as rollout, not as that phase
+            with phases.within(self.rollout_span):
+                await self.em.run(traj, task, barrier, on_start=self.buffer.started)
+            orders = self.buffer.finished(traj)
+            self.trajectory_s.append(time.monotonic() - t0)
+            self.counts["turns"] += len(traj.turns)
+            self.finished_at = time.monotonic()  # only a finished trajectory is progress, not a failure
+        except (TrajectoryCancelled, asyncio.CancelledError):
+            return  # the buffer ordered it and counted it
+        except WorkerLost:
+            orders = self.buffer.failed(traj.id, "env_worker_lost")
+        except Exception as e:
+            reason = f"failed_{type(e).__name__}"
+            if self.counts[reason] < 3:
+                console.print(f"[yellow]trajectory {traj.id} ({traj.task}) failed: {e}[/yellow]")
+            self.counts[reason] += 1
+            orders = self.buffer.failed(traj.id, "failed")
+        finally:
+            self.members.pop(traj.id, None)
+            self.batch_ready.set()
+            self._wake.set()
+        self.carry_out(orders)
+
+    def drain_trajectory_s(self) -> dict:
+        """Rollout time of the trajectories finished since the last call: n, mean, p50, p99."""
+        xs, self.trajectory_s = sorted(self.trajectory_s), []
+        if not xs:
+            return {"n": 0}
+        return {"n": len(xs), "mean": sum(xs) / len(xs), "p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))]}
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self._wake.set()
+        members = list(self.members.values())
+        for t in members:
+            t.cancel()
+        await asyncio.gather(*members, return_exceptions=True)

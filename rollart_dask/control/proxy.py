@@ -1,0 +1,172 @@
+"""LLMProxy: routes generation by affinity and load, sticky per trajectory; suspend/resume;
+cooperative abort (Dask cannot stop a running task, so the engine's own abort is used)."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter, defaultdict
+
+from dataclasses import dataclass
+
+from rollart_dask.control.dispatch import Dispatcher, task_key
+from rollart_dask.data import tasks
+from rollart_dask.resource.pools import ENGINE_POOLS, submit_kwargs
+from rollart_dask.types import Completion
+
+
+class TrajectoryCancelled(Exception):
+    """The trajectory was aborted (stale, redundant, or its group dropped)."""
+
+
+class LLMProxy:
+    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False, pd=None):
+        self.d = dispatcher
+        self.pd = pd  # rollout.pd (prefill, decode pools): each call is prefilled on one pool and decoded on the other (PDRoute below)
+        self._peer: dict[str, str] = {}  # request id → its prefill engine, when disaggregated (aborts go to both engines)
+        self.streamed = streamed  # engines that batch continuously across calls answer each request on its own
+        self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → engine worker addresses
+        self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}
+        self.timeout_s = timeout_s
+        self.load: Counter = Counter()
+        self.sticky: dict[str, str] = {}
+        self.version = 0  # the engines' policy version
+        self.cancelled: set[str] = set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._inflight: dict[str, tuple[str, str]] = {}  # request id → (engine, trajectory id)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.requests = 0
+        self.reissued = 0
+
+    @property
+    def suspended(self) -> bool:
+        return not self._open.is_set()
+
+    def pick(self, traj_id: str, pool: str | None) -> str:
+        addr = self.sticky.get(traj_id)
+        if addr in self.pool_of:
+            return addr
+        pools = [pool] if pool else list(ENGINE_POOLS)
+        candidates = [a for p in pools for a in self.engines.get(p, [])]
+        if not candidates:
+            raise RuntimeError(f"no engine for pool {pool or 'any'}; engines: {self.engines}")
+        addr = min(candidates, key=lambda a: self.load[a])
+        self.sticky[traj_id] = addr
+        return addr
+
+    async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
+                       emulate: dict | None = None) -> Completion:
+        """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it)."""
+        while True:
+            await self._open.wait()
+            if traj_id in self.cancelled:
+                raise TrajectoryCancelled(traj_id)
+            route = pd_route(self, traj_id) if self.pd else None  # sticky engines in both pools; decode is the call's worker
+            addr = route.decode_worker if route else self.pick(traj_id, pool)
+            rid = f"{traj_id}#{uuid.uuid4().hex[:8]}"
+            item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens, "temperature": temperature}
+            if emulate:
+                item["emulate"] = emulate
+            self._inflight[rid] = (addr, traj_id)
+            self._idle.clear()
+            self.load[addr] += 1
+            if route:
+                self._peer[rid] = route.prefill_worker
+                self.load[route.prefill_worker] += 1
+            self.requests += 1
+            try:
+                fn = route or (tasks.generate_stream if self.streamed else tasks.generate_batch)
+                c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s,
+                                                  streamed=self.streamed)
+            except TimeoutError:
+                await self._abort({rid: addr})
+                raise
+            finally:
+                self._inflight.pop(rid, None)
+                self.load[addr] -= 1
+                if route:
+                    self.load[self._peer.pop(rid)] -= 1
+                if not self._inflight:
+                    self._idle.set()
+            if c.finish_reason != "abort":
+                return c
+            if traj_id in self.cancelled:
+                raise TrajectoryCancelled(traj_id)
+            self.reissued += 1  # aborted by Suspend: re-issued after Resume, re-prefilled under the new weights
+
+    def forget(self, traj_id: str) -> None:
+        self.sticky.pop(traj_id, None)
+        self.sticky.pop(prefill_key(traj_id), None)
+        self.cancelled.discard(traj_id)
+
+    async def cancel(self, traj_ids: list[str]) -> None:
+        """Abort the engine requests of these trajectories (their coroutines are cancelled by the caller)."""
+        ids = set(traj_ids) & {t for _, t in self._inflight.values()}
+        self.cancelled |= ids
+        await self._abort({rid: addr for rid, (addr, t) in self._inflight.items() if t in ids})
+
+    async def _abort(self, rids: dict[str, str]) -> None:
+        by_engine = defaultdict(list)
+        for rid, addr in rids.items():
+            by_engine[addr].append(rid)
+            if rid in self._peer:  # disaggregated: the request may still be in its prefill
+                by_engine[self._peer[rid]].append(rid)
+        futs = [self.d.submit_one("abort", tasks.engine_abort, ids, pool=self.pool_of[a], worker=a) for a, ids in by_engine.items()]
+        if futs:
+            await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+
+    # -- the protocol's Suspend / Update / Resume / Recompute KV ---------------------------------
+    async def suspend(self) -> None:
+        self._open.clear()
+        await self._abort({rid: addr for rid, (addr, _) in self._inflight.items()})
+        await asyncio.wait_for(self._idle.wait(), self.timeout_s)
+
+    def resume(self) -> None:
+        self._open.set()
+
+    async def update_weights(self, version: int) -> None:
+        """Swap in ``version``, already staged on every engine (weights/store.py)."""
+        from rollart_dask.data.weights.worker import engine_swap
+
+        futs = [self.d.submit_one("update-weights", engine_swap, version, pool=p, worker=a) for a, p in self.pool_of.items()]
+        await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+        self.version = version
+
+    async def reset_prefix_cache(self) -> None:
+        futs = [self.d.submit_one("reset-prefix-cache", tasks.engine_reset_prefix_cache, pool=p, worker=a) for a, p in self.pool_of.items()]
+        await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+
+
+# -- prefill/decode disaggregation (rollout.pd): a call's route through two engines ------------------------
+@dataclass(frozen=True)
+class PDRoute:
+    """A disaggregated generate call's route, used by the dispatcher in place of a task function:
+    calls with the same route that arrive together share one prefill task and one decode task."""
+
+    prefill_worker: str
+    prefill_pool: str
+    decode_worker: str
+    decode_pool: str
+
+    def submit(self, client, args: tuple, streamed: bool):
+        """Submit the prefill task and the decode task that takes its future; returns the decode future."""
+        items = args[0]
+        pf = client.submit(tasks.prefill_batch, items, **submit_kwargs(self.prefill_pool, self.prefill_worker, key=task_key("pd-prefill")))
+        if streamed:
+            return client.submit(tasks.decode_stream, pf, items, args[1], **submit_kwargs(self.decode_pool, self.decode_worker, key=task_key("pd-decode")))
+        return client.submit(tasks.decode_batch, pf, **submit_kwargs(self.decode_pool, self.decode_worker, key=task_key("pd-decode")))
+
+
+
+def prefill_key(traj_id: str) -> str:
+    return f"{traj_id}@prefill"
+
+
+def pd_route(proxy, traj_id: str) -> PDRoute:
+    """The proxy's route for a disaggregated call: an engine of each pool, least loaded and sticky per
+    trajectory (a trajectory's turns prefill where its earlier prompts were prefilled)."""
+    pd = proxy.pd
+    prefill = proxy.pick(prefill_key(traj_id), pd.prefill)
+    decode = proxy.pick(traj_id, pd.decode)
+    return PDRoute(prefill, pd.prefill, decode, pd.decode)

@@ -1,0 +1,360 @@
+"""The run: RollArt's training protocol, step by step, while rollout goes on around it.
+
+Everything else a run needs lives beside it: service wiring (wiring.py), launching trajectories
+under the staleness bound (launcher.py), telemetry (telemetry.py), training samples
+(algo/samples.py). Modes share this code: ``sync`` (batch level, α=0: no overlap), ``one_off``
+(batch level, α=1) and ``rollart`` (trajectory level, any α).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rollart_dask.algo.advantages import ADVANTAGES
+from rollart_dask.algo.samples import build_samples
+from rollart_dask.config import FlowConfig, TaskConfig
+from rollart_dask.control import phases, wiring
+from rollart_dask.control.buffer import Group, SampleBuffer
+from rollart_dask.control.dispatch import Dispatcher
+from rollart_dask.control.launcher import Launcher
+from rollart_dask.control.telemetry import Telemetry, pd_metrics
+from rollart_dask.data import tasks
+from rollart_dask.observe import MetricsWriter, console
+from rollart_dask.types import Trajectory
+
+
+@dataclass
+class StepRecord:
+    """One training step's metrics, filled phase by phase and written once, when its Train is done."""
+
+    step: int  # this run's step number (1, 2, …)
+    rollout: dict = field(default_factory=dict)  # what rollout did since the last step (telemetry.rollout_row)
+    batch: dict = field(default_factory=dict)  # what was trained: reward, success, signal, per task, staleness
+    phases: dict = field(default_factory=dict)  # seconds: get_batch_s, suspend_s, update_s, recompute_kv_s, wait_train_s
+    weights: dict | None = None  # the pull of the installed version (weights/store.py), when one was installed
+    train: dict = field(default_factory=dict)  # the trainer's metrics
+    version: int = 0  # the version this step's Train published
+
+    def row(self) -> dict:
+        pull = {"weights": self.weights} if self.weights is not None else {}
+        return {"kind": "step", "step": self.version, "version": self.version, **self.batch, **self.rollout, **self.phases, **pull, **self.train}
+
+
+class Run:
+    def __init__(self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool = False, start_endpoint: Callable | None = None):
+        self.cfg, self.client, self.out, self.model_dir = cfg, client, out_dir, model_dir
+        self.from_checkpoint, self.start_endpoint = resume, start_endpoint
+        r = cfg.rollout
+        self.B, self.alpha = r.batch_groups, r.alpha
+        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch)
+        self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
+        self.counts: Counter = Counter()
+        self.metrics = MetricsWriter(out_dir, cfg.observe.tensorboard)
+        self.run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"  # tells this run's dashboard snapshots from other runs' on the scheduler
+        self.published = 0  # policy version: published optimizer updates
+        self.history: list[dict] = []  # evaluations
+        self.syncs: list[dict] = []  # one per weight installation: when, from and to which version, phase times
+        self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
+        self.services: wiring.Services | None = None
+        self.launcher: Launcher | None = None
+        self.telemetry = Telemetry(self)
+        self.t_start = self.progress_at = time.monotonic()
+        self.fatal: Exception | None = None  # a lost trainer or engine (telemetry's monitor): the run stops
+        self._stop_requested = False
+        self._training: tuple | None = None  # (train future, its StepRecord) until the trainer has published
+        self._run_span: dict | None = None  # Dask span of the whole run; each step's nests in it
+        self._step_span: dict | None = None
+        self._sync: dict = {}  # the weight installation in progress (steps 2–5)
+        self._installed = False  # steps 2–4 installed a version: step 5 recomputes the KV caches
+        self._bg: list[asyncio.Task] = []
+        self._stopped = False
+        self._weights = None  # the weight store as soon as set-up made it (closed even if set-up fails later)
+
+    # -- set-up -------------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        s = self.services = await wiring.wire(self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint,
+                                              on_weights=lambda w: setattr(self, "_weights", w))
+        self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts)
+        if self.from_checkpoint:
+            self.published = await wiring.restore(s, self.out)
+        elif self.cfg.warmstart.steps:
+            self.published = await wiring.warm_start(s, self.cfg, self.metrics)
+        await self._install_published()
+        self.launcher.base_version = s.proxy.version  # admission counts groups from here
+
+    # -- public state (the dashboard feed, the Python API) -------------------------------------------
+    @property
+    def state(self) -> str:
+        if self._stop_requested or (self.launcher is not None and self.launcher.stopping):
+            return "stopping"
+        return "paused" if self.paused else "running"
+
+    @property
+    def paused(self) -> bool:
+        return self.launcher is not None and self.launcher.paused
+
+    @property
+    def engine_version(self) -> int:
+        return self.services.proxy.version
+
+    def in_flight(self) -> Counter:
+        """Trajectories in flight by stage (generate, env-step, reward, …)."""
+        return Counter(self.services.em.stage.values())
+
+    def fail(self, error: Exception) -> None:
+        """End the run from Get Batch: it would wait for a batch that cannot come."""
+        self.fatal = error
+        self.launcher.batch_ready.set()
+
+    # -- steering (from the Python API; call on the run's event loop) ---------------------------------
+    def pause(self) -> None:
+        """Open no new groups. Trajectories in flight go on and finish; finished groups still train."""
+        self.launcher.paused = True
+
+    def resume(self) -> None:
+        self.launcher.paused = False
+        self.launcher.wake()
+
+    def request_stop(self) -> None:
+        """End after the current step: the pending train step is published, then the final
+        evaluation and checkpoint run as at a normal end."""
+        self._stop_requested = True
+        self.launcher.batch_ready.set()
+
+    # -- the protocol -------------------------------------------------------------------------------
+    async def step(self, number: int) -> bool:
+        """One training step: the paper's six steps, in order. False when a stop was requested.
+
+        Rollout never stops for the trainer: Train (6) only submits the batch, and the trainer works
+        while rollout goes on. So the version the trainer publishes in step k is installed by steps
+        2–5 of step k+1, once the next batch is in hand (1): the engines pulled it in the background
+        meanwhile, and rollout is suspended only for the swap. That is the one-step overlap behind
+        α: a batch trains at the version the previous Train published, against which Get Batch checks
+        its staleness. With α = 0 (on-policy) Train waits for its own update and installs it at once,
+        so rollout goes on only with the new weights and steps 2–5 of the next step find nothing new.
+        """
+        rec = StepRecord(step=number)
+        self._step_span = phases.new_span(f"step-{self.launcher.base_version + number}", parent=self._run_span)
+        batch = await self.get_batch(rec)  # 1. Get Batch
+        if batch is None:
+            return False
+        await self.suspend(rec)  # 2. Suspend
+        await self.update_weights(rec)  # 3. Update weights
+        self.resume_rollout(rec)  # 4. Resume
+        await self.recompute_kv(rec)  # 5. Recompute KV
+        await self.train(batch, rec)  # 6. Train
+        return True
+
+    async def get_batch(self, rec: StepRecord) -> list[Group] | None:
+        """1. The next batch_groups finished groups within the staleness bound, or None on a stop request.
+        First the previous Train must have published: the batch trains at that version."""
+        await self._finish_training()
+        t0 = time.perf_counter()
+        with phases.phase(self._step_span, "get-batch"):
+            while not self._stop_requested:
+                if self.fatal:  # a lost engine or trainer: stop now rather than wait for a batch that cannot come
+                    raise self.fatal
+                self.launcher.carry_out(self.buffer.enforce_staleness(self.published))
+                groups = self.buffer.take(self.B)
+                if groups is not None:
+                    self.launcher.wake()  # eager admission counts trained groups: room for more
+                    rec.phases["get_batch_s"] = time.perf_counter() - t0
+                    rec.rollout = await self.telemetry.rollout_row(groups)
+                    return groups
+                self.launcher.batch_ready.clear()
+                await self.launcher.batch_ready.wait()
+        console.print(f"stop requested: ending after {rec.step - 1} steps")
+        return None
+
+    def _newer_version(self) -> bool:
+        return self.published > self.services.proxy.version
+
+    async def suspend(self, rec: StepRecord | None) -> None:
+        """2. When a newer version is published: wait for the engines' background pull of it (rollout
+        goes on meanwhile), then suspend generation (requests in flight are aborted, re-issued at Resume)."""
+        if not self._newer_version():
+            return
+        s = self.services
+        with phases.phase(self._step_span, "pull-weights"):
+            pulled = await s.weights.wait_staged()
+        self._sync = {"at": time.monotonic(), "from": s.proxy.version, "version": self.published}
+        t0 = time.perf_counter()
+        with phases.phase(self._step_span, "suspend"):
+            await s.proxy.suspend()
+        self._sync["suspend_s"] = time.perf_counter() - t0
+        if rec is not None:
+            rec.weights = pulled
+
+    async def update_weights(self, rec: StepRecord | None) -> None:
+        """3. Swap the staged weights in on every engine."""
+        if not self.services.proxy.suspended:
+            return
+        t0 = time.perf_counter()
+        with phases.phase(self._step_span, "update-weights"):
+            await self.services.proxy.update_weights(self.published)
+        self._sync["update_s"] = time.perf_counter() - t0
+
+    def resume_rollout(self, rec: StepRecord | None) -> None:
+        """4. Generation goes on; trajectories the new version makes too stale are aborted now."""
+        if not self.services.proxy.suspended:
+            return
+        with phases.phase(self._step_span, "resume"):
+            self.services.proxy.resume()
+        self.launcher.carry_out(self.buffer.enforce_staleness(self.published))
+        self.launcher.wake()
+        self._installed = True
+
+    async def recompute_kv(self, rec: StepRecord | None) -> None:
+        """5. Drop the engines' prefix caches: aborted turns re-prefill under the new weights."""
+        if not self._installed:
+            return
+        self._installed = False
+        t0 = time.perf_counter()
+        with phases.phase(self._step_span, "recompute-kv"):
+            await self.services.proxy.reset_prefix_cache()
+        self._sync["recompute_kv_s"] = time.perf_counter() - t0
+        self.syncs.append(self._sync)
+        if rec is not None:
+            rec.phases.update({k: self._sync[k] for k in ("suspend_s", "update_s", "recompute_kv_s")})
+
+    async def train(self, groups: list[Group], rec: StepRecord) -> None:
+        """6. Submit the batch to the trainer, ordered after the publish of the version it starts from
+        (the publish reads the weights this step changes). α = 0 waits for it and installs it."""
+        s = self.services
+        with phases.phase(self._step_span, "train"):
+            self.trained_ids += [t.id for g in groups for t in g.kept]
+            samples, rec.batch = build_samples(groups, ADVANTAGES.get(self.cfg.trainer.advantage))
+            stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
+            rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
+            fut = s.d.submit_one("train", tasks.trainer_step, samples, s.weights.publishing, pool="TRAIN", worker=s.trainer)
+        self._training = (fut, rec)
+        if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
+            await self._finish_training(write=False)
+            await self._install_published(rec)
+            self.metrics.write(rec.row())
+
+    async def _finish_training(self, write: bool = True) -> None:
+        """Wait for the Train in flight; it publishes its version (engines start pulling it at once)."""
+        if self._training is None:
+            return
+        (fut, rec), self._training = self._training, None
+        s = self.services
+        t0 = time.perf_counter()
+        with phases.phase(self._step_span, "wait-train"):
+            metrics = await asyncio.wait_for(fut, 600)
+        rec.phases["wait_train_s"] = time.perf_counter() - t0
+        self.published = rec.version = int(metrics.pop("version"))
+        rec.train = metrics
+        self.telemetry.train_busy_s += metrics["train_s"]
+        s.weights.publish(self.published, s.proxy.pool_of, after=fut)
+        every = self.cfg.trainer.checkpoint_every
+        if every and self.published % every == 0:
+            await self.checkpoint(after=fut)
+        self.progress_at = time.monotonic()
+        if write:
+            self.metrics.write(rec.row())
+
+    async def _install_published(self, rec: StepRecord | None = None) -> None:
+        """Steps 2–5 outside a step: after set-up's restore or warm start, for α = 0, and at the end."""
+        await self.suspend(rec)
+        await self.update_weights(rec)
+        self.resume_rollout(rec)
+        await self.recompute_kv(rec)
+
+    # -- evaluation ---------------------------------------------------------------------------------
+    async def evaluate(self) -> dict:
+        """Greedy on the fixed held-out seeds of every task, at the engines' current version."""
+        version, em = self.engine_version, self.services.em
+        t0 = time.monotonic()
+
+        async def one(task: TaskConfig) -> dict:
+            n = task.eval_seeds or self.cfg.eval.seeds
+            seeds = range(self.cfg.eval.start_seed, self.cfg.eval.start_seed + n)
+            trajs = [Trajectory(id=f"eval-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
+            results = await asyncio.gather(*(em.run(t, task, greedy=True) for t in trajs), return_exceptions=True)
+            ok = [r for r in results if isinstance(r, Trajectory)]
+            return {"success": sum(float(t.success) for t in ok) / n, "reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
+                    "failed_calls": n - len(ok), "seeds": n, "seconds": round(time.monotonic() - t0, 2)}
+
+        with phases.phase(self._step_span, "eval"):
+            if self.cfg.emulated:  # EMULATED: synthetic tokens, no policy to score
+                out = {}
+            else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
+                results = await asyncio.gather(*(one(task) for task in self.cfg.tasks))
+                out = {task.name: r for task, r in zip(self.cfg.tasks, results)}
+        row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start,
+               "eval_s": time.monotonic() - t0}
+        self.history.append(row)
+        self.metrics.write(row)
+        return out
+
+    # -- the whole run ------------------------------------------------------------------------------
+    async def run(self, on_step=None) -> dict:
+        """Run the flow to its end; returns first/last held-out evaluations and the counts."""
+        cfg, s = self.cfg, self.services
+        self.t_start = self.progress_at = time.monotonic()  # set-up (model loads, warm start) is not a stall
+        # one Dask span for the run: the first evaluation, rollout and every step nest in it
+        self._run_span = self._step_span = phases.new_span("rollart")
+        self.launcher.rollout_span = phases.new_span("rollout", parent=self._run_span)
+        t = self.telemetry
+        self._bg = [asyncio.ensure_future(c) for c in (self.launcher.loop(), t.watchdog(), t.monitor(), t.feed())]
+        notify = on_step or (lambda run: None)
+        try:
+            await self.evaluate()
+            notify(self)
+            await t.start()
+            for number in range(1, cfg.trainer.steps + 1):
+                if not await self.step(number):
+                    break
+                if cfg.eval.every and self.engine_version % cfg.eval.every == 0 and self.engine_version > self.history[-1]["version"]:
+                    await self.evaluate()
+                notify(self)
+                if cfg.trainer.max_minutes and (time.monotonic() - self.t_start) > cfg.trainer.max_minutes * 60:
+                    console.print(f"time limit of {cfg.trainer.max_minutes} min reached after {number} steps")
+                    break
+            await self._finish_training()  # the last Train publishes; its version reaches the engines
+            await self._install_published()  # (also when a stop ended the loop)
+            if self.history[-1]["version"] != self.engine_version:
+                await self.evaluate()
+            notify(self)
+            ckpt = await self.checkpoint()
+            return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
+                    "counts": {**self.buffer.counts, **self.counts, **s.em.counts}, "steps": self.published - self.launcher.base_version,
+                    "weights": s.weights.summary(),
+                    **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {})}  # totals at the last step
+        finally:
+            await self.stop()
+
+    async def checkpoint(self, after=None) -> str:
+        """Save an HF checkpoint of the trainer (ordered after the train future ``after``)."""
+        s = self.services
+        path = self.out / "checkpoints" / f"step-{self.published}"
+        saved = await s.d.submit_one("checkpoint", tasks.trainer_checkpoint, str(path.resolve()), after, pool="TRAIN", worker=s.trainer)
+        (self.out / "checkpoints" / "latest").write_text(saved)
+        return saved
+
+    async def stop(self) -> None:
+        """Idempotent: the entry point calls it again after a failed set-up or run."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._bg and not self.launcher.stopping:  # the page shows the run's end, not its last second
+            await self.telemetry.publish(final=True)
+        for task in self._bg:
+            task.cancel()
+        if self.launcher is not None:
+            await self.launcher.stop()
+        await asyncio.gather(*self._bg, return_exceptions=True)
+        try:
+            self.metrics.close()
+            self.d.close()
+            if self.services is not None:
+                await asyncio.to_thread(self.services.rewards.close)
+        finally:
+            if self._weights is not None:  # never leave a mooncake_master behind
+                await self._weights.close()

@@ -1,0 +1,166 @@
+"""Telemetry beside the protocol: a watchdog for a run that makes no progress, a monitor for workers
+that leave or join, the dashboard feed, and the rollout figures of each step (pool busy fractions,
+tokens/s, reward service, stage latencies). None of it decides anything the protocol does, except
+that the monitor reports a lost trainer or engine, which ends the run (``Run.fatal``).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+from rollart_dask.control.snapshot import TOPIC, build_snapshot
+from rollart_dask.data import plugins, tasks
+from rollart_dask.observe import console
+from rollart_dask.resource.pools import PoolMap
+
+PD_STATS = ("pd_prefill_requests", "pd_prefill_s", "pd_kv_bytes_out", "pd_decode_requests", "pd_decode_s", "pd_kv_bytes_in",
+            "pd_reprefilled", "pd_emulated_prefill_s", "pd_emulated_kv_transfer_s", "pd_emulated_decode_s")
+
+
+def pd_metrics(engine_stats: dict[str, dict]) -> dict:
+    """rollout.pd totals since the run started over all engines (worker → engine stats): KV bytes shipped,
+    requests and engine wall seconds of each phase, re-prefills; on the emulated engine also the modelled
+    (emulated) seconds of prefill, KV transfer and decode, under ``emulated``."""
+    tot = {k: 0 for k in PD_STATS}
+    for st in engine_stats.values():
+        for k in PD_STATS:
+            tot[k] += st.get(k, 0)
+    out = {"kv_bytes_shipped": tot["pd_kv_bytes_in"], "prefill_requests": tot["pd_prefill_requests"], "prefill_s": round(tot["pd_prefill_s"], 4),
+           "decode_requests": tot["pd_decode_requests"], "decode_s": round(tot["pd_decode_s"], 4), "reprefilled": tot["pd_reprefilled"],
+           "kv_bytes_per_request": tot["pd_kv_bytes_in"] / max(tot["pd_decode_requests"], 1)}
+    if any(st.get("engine") == "emulated" for st in engine_stats.values()):  # EMULATED: modelled hardware seconds
+        out["emulated"] = {"prefill_s": round(tot["pd_emulated_prefill_s"], 4), "kv_transfer_s": round(tot["pd_emulated_kv_transfer_s"], 4),
+                           "decode_s": round(tot["pd_emulated_decode_s"], 4)}
+    return out
+
+
+class Telemetry:
+    def __init__(self, run):
+        self.run = run  # a control.run.Run: read, never steered
+        self.train_busy_s = 0.0  # trainer seconds since the last pool-busy sample
+        self.engine_stats: dict[str, dict] = {}
+        self.service_s: Counter = Counter()
+        self._reward_stats: list[dict] = []
+        self._busy_prev: dict | None = None
+        self._t_prev = time.monotonic()
+
+    # -- background loops ---------------------------------------------------------------------------
+    async def watchdog(self) -> None:
+        """Report a run that makes no progress: what is in flight, where, and every coroutine's stack."""
+        run = self.run
+        limit = run.cfg.observe.watchdog_s
+        while not run.launcher.stopping:
+            await asyncio.sleep(min(5.0, limit / 4))
+            idle = time.monotonic() - max(run.launcher.finished_at, run.progress_at)
+            if idle <= limit:
+                continue
+            s = run.services
+            where = Counter(s.poolmap.name(a) for a in s.em.where.values())
+            msg = (f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(run.in_flight())}, envs by worker {dict(where)}, "
+                   f"suspended={s.proxy.suspended}, engines v{s.proxy.version}, policy v{run.published}, "
+                   f"buffer ready {run.buffer.ready()}/{run.cfg.rollout.batch_groups}, open calls {s.d.open_calls()}")
+            console.print(f"[red]{msg}[/red]")
+            with (run.out / "watchdog.txt").open("a") as f:
+                f.write(msg + "\n")
+                for task in asyncio.all_tasks():
+                    f.write(f"--- {task.get_name()}\n")
+                    task.print_stack(limit=8, file=f)
+            run.counts["watchdog_alerts"] += 1
+            run.progress_at = time.monotonic()
+
+    async def monitor(self) -> None:
+        """Workers that leave fail their calls over (a lost trainer or engine ends the run); env workers that join get envs."""
+        run, s = self.run, self.run.services
+        known = set(s.poolmap.workers)
+        while not run.launcher.stopping:
+            await asyncio.sleep(1.0)
+            try:
+                info = await asyncio.wait_for(s.client.scheduler.identity(), 10)
+            except Exception:
+                continue
+            current = PoolMap.from_scheduler_info(info)
+            now = set(current.workers)
+            for addr in known - now:
+                lost = s.d.worker_lost(addr)
+                s.em.worker_lost(addr)
+                run.counts["workers_lost"] += 1
+                console.print(f"[yellow]worker {s.poolmap.name(addr)} left the cluster ({lost} calls failed over)[/yellow]")
+                if addr == s.trainer or addr in s.proxy.pool_of:
+                    run.fail(RuntimeError(f"worker {s.poolmap.name(addr)} holding the trainer or an engine was lost; restart the run with --resume"))
+            for addr in now - known:
+                s.poolmap.workers[addr] = current.workers[addr]
+                if "CPU" in current.workers[addr]["resources"]:
+                    s.em.worker_joined(addr)
+            known = now
+
+    async def feed(self) -> None:
+        """The dashboard snapshot to the scheduler about once a second (control/snapshot.py)."""
+        while not self.run.launcher.stopping:
+            await self.publish()
+            await asyncio.sleep(1.0)
+
+    async def publish(self, final: bool = False) -> None:
+        """One snapshot; a failure is counted, never raised (the page never stops a run)."""
+        try:
+            await asyncio.wait_for(self.run.services.client.log_event(TOPIC, build_snapshot(self.run, final=final)), 10)
+        except Exception:
+            self.run.counts["dashboard_publish_failed"] += 1
+
+    # -- per step -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Counters start now: the first step's busy fractions cover its own rollout."""
+        self._busy_prev, _ = await self._pool_busy(None, 1.0)
+        self._t_prev = time.monotonic()
+
+    async def rollout_row(self, groups) -> dict:
+        """What rollout did since the last step: pool busy fractions, tokens/s, reward service, call latencies."""
+        run, s = self.run, self.run.services
+        now = time.monotonic()
+        dt = now - self._t_prev
+        self._busy_prev, busy = await self._pool_busy(self._busy_prev, dt)
+        tokens = sum(len(t.response_ids) for g in groups for tr in g.kept for t in tr.turns)
+        row = {"reward": s.rewards.step_stats(self._reward_stats, dt, self._reward_slots())}
+        if run.cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
+            row["pd"] = pd_metrics(self.engine_stats)
+        row.update(pool_busy=busy, tokens_per_s=tokens / max(dt, 1e-9), elapsed_s=now - run.t_start, buffer=dict(run.buffer.counts),
+                   futures=s.d.futures, calls=s.d.calls, reissued=s.proxy.reissued, stage_latency=s.d.drain_stats(),
+                   trajectory_s=run.launcher.drain_trajectory_s(), service_s=dict(self.service_s))
+        self._t_prev = now
+        return row
+
+    async def _pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
+        """Busy fraction per pool since the last call: service busy seconds / (wall × services in the pool)."""
+        run, s = self.run, self.run.services
+        try:
+            stats = await asyncio.wait_for(s.client.run(tasks.service_stats), 30)
+        except (asyncio.TimeoutError, OSError):  # a busy or departing worker: skip this sample, never the run
+            run.counts["stats_timeouts"] += 1
+            return prev or {}, {}
+        busy: Counter = Counter()
+        holders: Counter = Counter()
+        flat = {}
+        self._reward_stats = [services[plugins.REWARD] for services in stats.values() if plugins.REWARD in services]
+        self.engine_stats = {addr: services[plugins.ENGINE] for addr, services in stats.items() if plugins.ENGINE in services}
+        self.service_s: Counter = Counter()  # per stage: seconds the calls spent inside the services (vs. the caller's wall)
+        for addr, services in stats.items():
+            for service, st in services.items():
+                pool = {plugins.ENVHOST: "CPU", plugins.REWARD: s.rewards.pool}.get(service) or s.proxy.pool_of.get(addr, "?")
+                flat[(addr, service)] = st["busy_s"]
+                busy[pool] += st["busy_s"] - (prev or {}).get((addr, service), 0.0)
+                holders[pool] += 1
+                for stage, key in (("generate", "request_s"), ("env-reset", "resets_s"), ("env-step", "steps_s")):
+                    if key in st:
+                        flat[(addr, service, key)] = st[key]
+                        self.service_s[stage] += st[key] - (prev or {}).get((addr, service, key), 0.0)
+        busy["TRAIN"], holders["TRAIN"], self.train_busy_s = self.train_busy_s, 1, 0.0
+        return flat, {p: round(v / max(dt, 1e-9) / holders[p], 4) for p, v in busy.items()}
+
+    def _reward_slots(self) -> int:
+        """Local rewards scored at once: per REWARD worker, its task threads or the batches in flight to it,
+        whichever is fewer (each batch is scored in turn); the utilisation divides by this capacity."""
+        run, s = self.run, self.run.services
+        if run.cfg.reward.mode != "local":
+            return len(self._reward_stats)
+        inflight = run.cfg.rollout.coalesce_inflight if run.cfg.rollout.coalesce else 10**9
+        return sum(min(s.poolmap.workers[a].get("nthreads", 1), inflight) for a in s.poolmap.members("REWARD")) or 1

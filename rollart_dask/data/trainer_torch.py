@@ -1,0 +1,231 @@
+"""Torch GRPO trainer: the long-lived learner living in its own worker (TRAIN pool).
+
+``train_step(samples) -> metrics`` runs one optimizer update on a batch of per-turn samples
+(prompt ids, response ids, behaviour log-probs, allowed ids, advantage) and increments the
+policy version; ``state_dict()`` is what engines pull; checkpoints are Hugging Face
+directories (safetensors + config + tokenizer) plus the optimizer state.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from rollart_dask.algo.losses import LOSSES, masked_logprobs_and_entropy
+from rollart_dask.data.backends import set_torch_threads
+
+if TYPE_CHECKING:
+    from rollart_dask.config import EmulationConfig, TrainerConfig
+
+
+class TorchTrainer:
+    version: int  # the Trainer contract's attribute (data/contracts.py)
+
+    def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
+                 max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
+                 loss: str = "ppo_clip"):
+        from transformers import AutoModelForCausalLM
+
+        from rollart_dask.models.tiny import load_tokenizer
+
+        torch.manual_seed(seed)
+        self.model_dir = model_dir
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model.train()
+        self.lr, self.weight_decay = lr, weight_decay
+        self.opt = self._make_optimizer()
+        self.clip, self.entropy_coef, self.max_grad_norm, self.temperature = clip, entropy_coef, max_grad_norm, temperature
+        self.micro_batch_tokens = micro_batch_tokens
+        self.policy_loss = LOSSES.get(loss)  # an unknown name fails here, at build, naming the registered ones
+        self.version = 0
+
+    @classmethod
+    def from_config(cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0,
+                    emulation: EmulationConfig | None = None) -> TorchTrainer:
+        set_torch_threads()
+        return cls(model_dir, lr=cfg.lr, weight_decay=cfg.weight_decay, clip=cfg.clip, entropy_coef=cfg.entropy_coef,
+                   max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
+                   temperature=temperature, seed=seed, **cls._backend_options(cfg))
+
+    @staticmethod
+    def _backend_options(cfg: TrainerConfig) -> dict:
+        """Keys of the trainer section only this backend reads (MegatronTrainer: its parallel layout)."""
+        return {}
+
+    def _tensors(self, samples: list[dict]):
+        """Pad a batch. Samples with the same input (prompt + all but the last response token)
+        share one forward row: their logits are identical, only targets and advantages differ."""
+        n = len(samples)
+        unique: dict[tuple, int] = {}
+        row = [unique.setdefault(tuple(s["prompt_ids"] + s["response_ids"][:-1]), len(unique)) for s in samples]
+        width = max(len(k) for k in unique)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(unique), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(unique), width), dtype=torch.long)
+        for seq, u in unique.items():
+            ids[u, : len(seq)] = torch.tensor(seq)
+            attn[u, : len(seq)] = 1
+        vocab = self._vocab_size()
+        resp_width = max(len(s["response_ids"]) for s in samples)
+        targets = torch.zeros((n, resp_width), dtype=torch.long)
+        old = torch.zeros((n, resp_width))
+        mask = torch.zeros((n, resp_width), dtype=torch.bool)
+        pos_index = torch.zeros((n, resp_width), dtype=torch.long)
+        allowed = torch.ones((n, resp_width, vocab), dtype=torch.bool) if any(s.get("allowed_ids") for s in samples) else None
+        for i, s in enumerate(samples):
+            p, r = len(s["prompt_ids"]), len(s["response_ids"])
+            targets[i, :r] = torch.tensor(s["response_ids"])
+            old[i, :r] = torch.tensor(s["logprobs"])
+            mask[i, :r] = True
+            pos_index[i, :r] = torch.arange(p - 1, p - 1 + r)  # logits at t predict token t+1
+            if allowed is not None and s.get("allowed_ids"):
+                for t, ids_t in enumerate(s["allowed_ids"]):
+                    allowed[i, t] = False
+                    allowed[i, t, ids_t] = True
+        adv = torch.tensor([float(s["advantage"]) for s in samples])
+        return ids, attn, torch.tensor(row), targets, old, mask, allowed, pos_index, adv
+
+    def micro_batches(self, samples: list[dict]) -> list[list[dict]]:
+        """Samples sorted by length and cut at ``micro_batch_tokens`` padded tokens: tasks with
+        short and long prompts no longer pad each other to the longest (compute ∝ rows × width)."""
+        order = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
+        chunks: list[list[dict]] = [[]]
+        for s in order:
+            width = len(s["prompt_ids"]) + len(s["response_ids"])
+            if chunks[-1] and (len(chunks[-1]) + 1) * width > self.micro_batch_tokens:
+                chunks.append([])
+            chunks[-1].append(s)
+        return chunks
+
+    def train_step(self, samples: list[dict]) -> dict:
+        """One optimizer update with the configured loss (trainer.loss); the policy version goes up by one."""
+        def loss_fn(logp, entropy, old, mask, adv):
+            return self.policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, clip=self.clip, entropy=entropy,
+                                    entropy_coef=self.entropy_coef)
+
+        stats = self._update(samples, loss_fn)
+        self.version += 1
+        return {**stats, "version": self.version}
+
+    def sft_step(self, samples: list[dict]) -> dict:
+        """One imitation update: token-level NLL of the demonstrated responses, under the same
+        allowed-id restriction the engine decodes with (the policy distribution RL trains)."""
+        def loss_fn(logp, entropy, old, mask, adv):
+            m = mask.float()
+            nll = -(logp * m).sum() / m.sum().clamp(min=1.0)
+            return nll, {"nll": nll.item(), "entropy": ((entropy * m).sum() / m.sum().clamp(min=1.0)).item()}
+
+        return self._update(samples, loss_fn)
+
+    def warm_start(self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0,
+                   shares: dict[str, float] | None = None) -> dict:
+        """Imitation of expert demonstrations before RL. Each batch takes from every task its
+        share (``shares``, default equal) whatever its turns per episode. Counts as one published
+        version (the policy RL starts from); the optimizer is then rebuilt so RL starts without
+        SFT moments."""
+        import random
+
+        from rollart_dask.data.encoding import choice_trie, demo_sample
+
+        t0 = time.perf_counter()
+        tries: dict = {}
+        samples, skipped = [], 0
+        for d in demos:
+            choices = tuple(d["choices"]) if d.get("choices") else None
+            if choices and choices not in tries:
+                tries[choices] = choice_trie(self.tokenizer, choices)
+            s = demo_sample(self.tokenizer, d["prompt"], d["action"], choices, d.get("max_tokens", 16), tries.get(choices))
+            if s is None:
+                skipped += 1
+                continue
+            samples.append({**s, "logprobs": [0.0] * len(s["response_ids"]), "advantage": 0.0, "task": d.get("task")})
+        if not samples:
+            raise ValueError(f"warm start: none of the {len(demos)} demonstrations fits the engine's decoding (choices / max_tokens)")
+        by_task: dict = {}
+        for s in samples:
+            by_task.setdefault(s["task"], []).append(s)
+        weights = {t: shares.get(t, 0.0) for t in by_task} if shares else {t: 1.0 for t in by_task}
+        total = sum(weights.values()) or 1.0
+        quota = {t: max(1, round(batch_size * w / total)) for t, w in weights.items() if w > 0}
+        rng = random.Random(seed)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        first = last = {}
+        for step in range(steps):
+            batch = [s for t, k in quota.items() for s in rng.sample(by_task[t], min(k, len(by_task[t])))]
+            last = self.sft_step(batch)
+            first = first or last
+        self.opt = self._make_optimizer()
+        self.version += 1
+        return {"demos": len(demos), "samples": len(samples), "skipped": skipped, "steps": steps, "lr": lr, "batch_per_task": quota,
+                "nll_first": first.get("nll"), "nll_last": last.get("nll"), "seconds": time.perf_counter() - t0, "version": self.version}
+
+    def _update(self, samples: list[dict], loss_fn) -> dict:
+        """One optimizer update; gradients accumulate over micro-batches, each weighted by its
+        share of response tokens, so the loss is the token-level mean over the whole batch."""
+        t0 = time.perf_counter()
+        total_tokens = sum(len(s["response_ids"]) for s in samples)
+        self._zero_grad()
+        stats: dict[str, float] = {}
+        loss_sum, rows = 0.0, 0
+        for chunk in self.micro_batches(samples):
+            ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(chunk)
+            logits = self._logits(ids, attn)[row]
+            logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
+            logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
+            loss, chunk_stats = loss_fn(logp, entropy, old, mask, adv)
+            w = float(mask.sum()) / max(total_tokens, 1)
+            (loss * w).backward()
+            loss_sum += loss.item() * w
+            rows += int(ids.size(0))
+            for k, v in chunk_stats.items():
+                stats[k] = stats.get(k, 0.0) + v * w
+        grad_norm = self._optimizer_step()
+        stats.update(loss=loss_sum, grad_norm=float(grad_norm), samples=len(samples), tokens=total_tokens,
+                     forward_rows=rows, train_s=time.perf_counter() - t0)
+        return stats
+
+    # -- the model-specific steps of the update (MegatronTrainer overrides them; the loss stays here)
+    def _vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def _logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=attn).logits
+
+    def _make_optimizer(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+    def _zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def _optimizer_step(self) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+        return float(grad_norm)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | Path) -> str:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        torch.save({"optimizer": self.opt.state_dict(), "version": self.version}, path / "trainer_state.pt")
+        (path / "rollart.json").write_text(json.dumps({"version": self.version}))
+        return str(path)
+
+    def restore(self, path: str | Path) -> int:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        weights = load_file(str(path / "model.safetensors"))
+        self.model.load_state_dict(weights, strict=False)
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.opt.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        return self.version

@@ -1,0 +1,122 @@
+"""The run's side of weight transfer, one contract for every store.
+
+After a Train the trainer publishes version n (bucketed, manifest with checksums) and every
+engine stages it in the background: the loop does not wait, engines keep generating with
+n−1 and the next Train starts as soon as the publish has read the weights. Before the next
+Suspend the loop waits for what is not staged yet (``waited_s``; rollout and that Train go on
+meanwhile), then Update only swaps. ``transfer_s`` runs from Train done to the last engine
+staged; ``hidden_s = transfer_s − waited_s`` is the part done before the loop needed it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+from rollart_dask.config import WeightsConfig
+from rollart_dask.data.weights import worker
+from rollart_dask.data.weights.mooncake import LocalMaster, close_clients
+
+
+class WeightStore:
+    def __init__(self, cfg: WeightsConfig, dispatcher, trainer: str, run_dir: Path):
+        self.cfg, self.d, self.trainer, self.run_dir = cfg, dispatcher, trainer, Path(run_dir)
+        self.master: LocalMaster | None = None
+        self._staging: asyncio.Future | None = None
+        self.publishing = None  # the Dask future of the latest publish task (on the trainer's worker)
+        self._closed = False
+        self.transfers: list[dict] = []  # one per staged version (metrics rows and the run summary)
+        self.prefix = f"rollart/{uuid.uuid4().hex[:12]}"  # keys of this run, should the master be shared
+
+    @property
+    def kind(self) -> str:
+        return self.cfg.store
+
+    async def start(self) -> None:
+        if self.kind == "mooncake" and not self.cfg.mooncake.master:  # the embedded default runs its own master
+            self.master = await asyncio.to_thread(LocalMaster(self.run_dir / "mooncake_master.log").start)
+
+    def spec(self) -> dict:
+        """What the workers' side needs (plain data, sent with each task)."""
+        spec = {"store": self.kind, "bucket_mb": self.cfg.bucket_mb, "keep_versions": self.cfg.keep_versions, "prefix": self.prefix}
+        if self.kind == "mooncake":
+            mc = self.cfg.mooncake
+            spec.update(master=self.master.master if self.master else mc.master,
+                        metadata_server=self.master.metadata_server if self.master else mc.metadata_server,
+                        protocol=mc.protocol, device=mc.device, segment_mb=mc.segment_mb, buffer_mb=mc.buffer_mb,
+                        log_dir=str((self.run_dir / "mooncake").resolve()) if self.master else None)
+        return spec
+
+    def publish(self, version: int, engines: dict[str, str], after=None, setup: bool = False) -> None:
+        """Publish ``version`` once ``after`` (the Train future) is done and stage it on ``engines`` (address → pool).
+        The whole chain is submitted now — publish on the trainer, then every engine's stage task taking the
+        publish's futures as arguments — so it goes on without the client, ahead of the next Train on the
+        trainer's worker; ``publishing`` (the publish task's future) is what that Train is ordered after.
+        ``setup``: published before rollout (warm start, resume), left out of the run's means."""
+        if self._staging is not None and not self._staging.done():
+            raise RuntimeError(f"weights v{version} published while the previous version is still being staged")
+        spec = self.spec()
+        published = self.publishing = self.d.submit_one("publish-weights", worker.trainer_publish, version, spec, after,
+                                                        pool="TRAIN", worker=self.trainer)
+        if self.kind == "dask":  # the buckets as one Dask result on the trainer; each engine's task fetches it peer-to-peer
+            buckets = self.d.submit_one("weights-bucket", worker.trainer_buckets, version, published, pool="TRAIN", worker=self.trainer)
+            staged = [self.d.submit_one("stage-weights", worker.engine_stage_dask, published, buckets, pool=p, worker=a) for a, p in engines.items()]
+        else:
+            staged = [self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=p, worker=a) for a, p in engines.items()]
+        self._staging = asyncio.ensure_future(self._timed(version, after, published, staged, setup))
+
+    async def _timed(self, version: int, after, published, staged: list, setup: bool) -> dict:
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)  # its failure is the Train's to report
+        t0 = time.monotonic()
+        manifest = await published
+        t_published = time.monotonic()
+        rows = await asyncio.gather(*staged)
+        done = time.monotonic()
+        return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(staged),
+                "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
+                "transfer_s": done - t0, "setup": setup}
+
+    async def wait_staged(self) -> dict:
+        """Before Update: wait for the rest of the pull (``waited_s``; rollout and training go on meanwhile); its transfer record.
+        A publish or stage that fails raises here; one that takes longer than ``weights.timeout_s`` is an error naming it."""
+        if self._staging is None:
+            raise RuntimeError("no weights were published to swap in")
+        t0 = time.monotonic()
+        try:
+            row = await asyncio.wait_for(asyncio.shield(self._staging), self.cfg.timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
+                               f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
+        waited = time.monotonic() - t0
+        row = {**row, "waited_s": waited, "hidden_s": max(row["transfer_s"] - waited, 0.0)}
+        self.transfers.append(row)
+        return row
+
+    def summary(self) -> dict:
+        """Means over the run's transfers during training (those of warm start or resume, before rollout, left out)."""
+        rows = [r for r in self.transfers if not r["setup"]]
+        if not rows:
+            return {"store": self.kind, "transfers": 0}
+        mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+        transfer, waited = mean("transfer_s"), mean("waited_s")
+        return {"store": self.kind, "transfers": len(rows), "bytes": rows[-1]["bytes"], "buckets": rows[-1]["buckets"], "engines": rows[-1]["engines"],
+                "publish_s": mean("publish_s"), "pull_s": mean("pull_s"), "transfer_s": transfer, "waited_s": waited,
+                "hidden_fraction": max(0.0, 1 - waited / transfer) if transfer > 0 else 0.0}
+
+    async def close(self) -> None:
+        """Idempotent: the run's stop and, after a failed set-up, its caller both call it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._staging is not None and not self._staging.done():
+            self._staging.cancel()
+        if self.kind == "mooncake":  # workers unmount their segments while the master still answers
+            try:
+                await asyncio.wait_for(self.d.client.run(close_clients), 30)
+            except Exception:  # noqa: BLE001 - a worker already gone has nothing to unmount
+                pass
+        if self.master is not None:
+            await asyncio.to_thread(self.master.stop)
+            self.master = None

@@ -1,0 +1,106 @@
+"""What runs inside the workers: the trainer publishes a version, engines stage it, the swap applies it.
+
+Module state is per worker process: the trainer keeps the Dask store's buckets of a version
+until the bucket tasks hand them to Dask, and an engine keeps the weights it pulled until
+the next Update swaps them in. Pulls never touch the engine: it goes on generating with the
+version it has.
+"""
+from __future__ import annotations
+
+import time
+
+from rollart_dask.data.plugins import ENGINE, TRAINER
+from rollart_dask.data.tasks import service
+from rollart_dask.data.weights.buckets import publish_buckets, verify
+
+_published: dict[int, list[bytes]] = {}  # trainer process, store=dask: version → bucket bytes not yet handed to Dask
+_keys: dict[int, list[str]] = {}  # trainer process, store=mooncake: version → its keys (for garbage collection)
+_staged: dict[int, dict] = {}  # engine process: version → pulled, verified weights waiting for the swap
+
+
+def _key(spec: dict, version: int, index: int) -> str:
+    return f"{spec['prefix']}/v{version}/b{index}"
+
+
+def _mooncake(spec: dict):
+    from distributed import get_worker
+
+    from rollart_dask.data.weights.mooncake import client, local_hostname
+
+    return client(spec, local_hostname(get_worker().address))
+
+
+def trainer_publish(version: int, spec: dict, _after=None) -> dict:
+    """Bucket the trainer's weights as ``version`` and put them where the store keeps them; drop old versions."""
+    t0 = time.perf_counter()
+    state = service(TRAINER).state_dict()
+    manifest, blobs = publish_buckets(state, version, int(spec["bucket_mb"] * 2**20))
+    if spec["store"] == "mooncake":
+        too_big = [e for e in manifest["buckets"] if e["nbytes"] >= spec["buffer_mb"] << 20]
+        if too_big:  # one tensor larger than a bucket gets its own, and the transfer buffer must hold it
+            e = too_big[0]
+            raise ValueError(f"weights.mooncake.buffer_mb={spec['buffer_mb']} is too small for tensor {e['names'][0]} "
+                             f"({e['nbytes'] / 2**20:.0f} MiB in one bucket): raise buffer_mb above it")
+        store = _mooncake(spec)
+        keys = [_key(spec, version, i) for i in range(len(blobs))]
+        for key, data in zip(keys, blobs):
+            rc = store.put(key, data)
+            if rc != 0:
+                raise RuntimeError(f"mooncake put of {key} ({len(data) >> 20} MiB) failed with code {rc}: the store may be full "
+                                   f"(weights.mooncake.segment_mb={spec['segment_mb']} per process, {spec['keep_versions']} versions kept)")
+        _keys[version] = keys
+        for old in [v for v in _keys if v <= version - spec["keep_versions"]]:
+            for key in _keys.pop(old):
+                store.remove(key, True)  # engines moved past it: Update waits for every engine's pull
+    else:
+        _published[version] = list(blobs)
+        for old in [v for v in _published if v <= version - spec["keep_versions"]]:
+            del _published[old]
+    manifest["publish_s"] = time.perf_counter() - t0
+    return manifest
+
+
+def trainer_buckets(version: int, _after=None) -> list[bytes]:
+    """store=dask: the buckets of ``version`` as one Dask result on the trainer's worker (each engine's stage task
+    fetches it peer-to-peer); the trainer's own copy goes, Dask's is freed once the run drops the future."""
+    blobs = _published.pop(version, None)
+    if blobs is None:
+        raise KeyError(f"weights v{version} are no longer held by the trainer (versions held: {sorted(_published)})")
+    return blobs
+
+
+def _stage(manifest: dict, fetch) -> dict:
+    t0 = time.perf_counter()
+    version, weights = manifest["version"], {}
+    for i in range(len(manifest["buckets"])):
+        weights.update(verify(manifest, i, fetch(i)))
+    for old in [v for v in _staged if v < version]:
+        del _staged[old]
+    _staged[version] = weights
+    return {"stage_s": time.perf_counter() - t0, "bytes": manifest["bytes"]}
+
+
+def engine_stage_dask(manifest: dict, buckets: list[bytes]) -> dict:
+    """The buckets arrive as this task's dependency (Dask moved them from the trainer's worker)."""
+    return _stage(manifest, lambda i: buckets[i])
+
+
+def engine_stage_mooncake(manifest: dict, spec: dict) -> dict:
+    store = _mooncake(spec)
+
+    def fetch(i: int) -> bytes:
+        key = _key(spec, manifest["version"], i)
+        data = store.get(key)
+        if not data:
+            raise KeyError(f"mooncake has no {key} (evicted, or garbage-collected: weights.keep_versions={spec['keep_versions']})")
+        return data
+
+    return _stage(manifest, fetch)
+
+
+def engine_swap(version: int) -> int:
+    """Update: the staged weights of ``version`` go into the engine (at Resume it generates with them)."""
+    weights = _staged.pop(version, None)
+    if weights is None:
+        raise RuntimeError(f"weights v{version} were not staged on this engine (staged: {sorted(_staged)})")
+    return service(ENGINE).update_weights(version, weights)

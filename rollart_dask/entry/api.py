@@ -1,0 +1,70 @@
+"""Programmatic entry point: run a flow (embedded cluster or an existing scheduler)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import yaml
+
+from rollart_dask.config import FlowConfig
+from rollart_dask.models.prepare import prepare_model
+from rollart_dask.observe import console
+from rollart_dask.tools import dashboard
+from rollart_dask.tools.lambda_local import start_local_endpoint
+
+
+def write_effective(cfg: FlowConfig, out: Path, extra: dict) -> None:
+    data = cfg.model_dump(mode="json")
+    data["_effective"] = extra
+    (out / "flow.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None, on_ready=None) -> dict:
+    """Run a flow to its end. ``on_ready(run)`` is called once set-up is done (before the first
+    evaluation); ``on_step(run)`` after every evaluation and training step."""
+    from rollart_dask.resource.cluster import connect
+    from rollart_dask.control.run import Run
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    model_dir = prepare_model(cfg)
+    client, cluster = await connect(cfg.cluster)
+    run = None
+    try:
+        console.print(f"dashboard: {client.dashboard_link}")
+        # the embedded default's serverless rewards go to a local Lambda endpoint started for the run
+        run = Run(cfg, client, out, model_dir, resume=resume, start_endpoint=start_local_endpoint)
+        run.dashboard_url, why = await dashboard.register(client)
+        if why:
+            console.print(f"[yellow]no RollArt dashboard page: {why} (it needs rollart_dask and bokeh where the scheduler runs)[/yellow]")
+        await run.setup()
+        s = run.services
+        if run.dashboard_url:
+            console.print(f"rollart page: {run.dashboard_url}")
+        console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
+        emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
+        if emulated:
+            console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
+        if cfg.emulated:
+            e = cfg.emulation
+            pools = ", ".join(f"{p}: {s.gpus}x{s.gpu} tp{s.tp}/worker" for p, s in e.pools.items() if p in s.layout)
+            emulated["hardware"] = f"{e.model} on {pools}; trainer {e.trainer.gpus}x{e.trainer.gpu}; time_scale {e.time_scale}"
+            console.print(f"[bold yellow]EMULATED[/bold yellow] hardware timing (no model runs): {emulated['hardware']}")
+        write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": s.engine_backend, "engines": s.layout,
+                                   "scheduler": client.scheduler.address, "emulated": emulated, "rewards": s.rewards.where})
+        if on_ready is not None:
+            on_ready(run)
+        result = await run.run(on_step=on_step)
+        result["wall_s"] = time.monotonic() - t0
+        return result
+    finally:
+        if run is not None:  # set-up may have failed after starting a local mooncake_master or reward endpoint
+            await run.stop()
+        await client.close()
+        if cluster is not None:
+            await cluster.close()
+
+
+def run_sync(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> dict:
+    return asyncio.run(run_flow(cfg, out, resume=resume, on_step=on_step))

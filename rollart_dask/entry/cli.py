@@ -1,0 +1,299 @@
+"""`rollart` command line: run flows, bring up the local pools."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import click
+
+from rollart_dask.config import FlowError, load_flow
+
+
+@click.group()
+def main():
+    """rollart-dask: agentic RL with disaggregated, trajectory-level asynchronous rollout on Dask."""
+    # Dask's INFO chatter (workers starting/closing) drowns the run's output; workers inherit this.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    logging.basicConfig(level=logging.WARNING)
+
+
+@main.command()
+@click.argument("flow", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, e.g. --set rollout.alpha=2")
+@click.option("--scheduler", default=None, metavar="ADDR", help="attach to an existing Dask scheduler (tcp://host:8786)")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="output directory (default runs/<flow>-<time>)")
+@click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --out")
+def run(flow, overrides, scheduler, out, resume):
+    """Run FLOW (a YAML flow file) and train."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rollart_dask.entry.api import run_sync
+    from rollart_dask.observe import console, summary_table
+
+    try:
+        cfg = load_flow(flow, list(overrides))
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    if scheduler:
+        cfg.cluster.scheduler = scheduler
+    if resume and not out:
+        raise click.ClickException("--resume needs --out DIR (the run to continue)")
+    out_dir = Path(out or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not resume and (out_dir / "metrics.jsonl").exists():
+        raise click.ClickException(f"{out_dir} already holds a run (metrics.jsonl); pass --resume to continue it, or choose another --out")
+    r = cfg.rollout
+    console.print(f"[bold]{cfg.name}[/bold]: mode={r.mode} level={r.level} alpha={r.alpha} G={r.group_size} r={r.redundancy} "
+                  f"batch={r.batch_groups} groups, engine={cfg.engine.backend}, out={out_dir}")
+    progress = Progress(TextColumn("[bold]train[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                        console=console, disable=not cfg.observe.progress)
+    bar = progress.add_task("", total=cfg.trainer.steps)
+
+    printed = set()
+
+    def on_step(run_):
+        ev = run_.history[-1]
+        desc = " ".join(f"{k}={v['success']:.2f}" for k, v in ev["eval"].items())
+        progress.update(bar, completed=run_.published, description=f"held-out@v{ev['version']}: {desc}")
+        if not console.is_terminal and ev["version"] not in printed:  # a log file gets one line per evaluation
+            printed.add(ev["version"])
+            console.print(f"v{run_.published} held-out@v{ev['version']}: {desc}")
+
+    try:
+        with progress:
+            result = run_sync(cfg, out_dir, resume=resume, on_step=on_step)
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    first, last = result["first"], result["last"]
+    rows = []
+    for task in first["eval"]:
+        a, b = first["eval"][task]["success"], last["eval"][task]["success"]
+        rows.append((f"held-out {task} success", f"{a:.3f} (v{first['version']}) → {b:.3f} (v{last['version']})  Δ {b - a:+.3f}"))
+    if cfg.warmstart.steps and not resume:
+        rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
+    rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", result["checkpoint"])]
+    w = result["weights"]
+    if w.get("transfers"):
+        rows.append((f"weights ({w['store']} store)", f"{w['bytes'] / 2**20:.1f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
+                     f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
+                     f"({w['hidden_fraction']:.0%} hidden behind rollout)"))
+    if result.get("pd"):  # prefill/decode disaggregation (rollout.pd)
+        pdm = result["pd"]
+        rows.append((f"pd ({cfg.rollout.pd.prefill} → {cfg.rollout.pd.decode})",
+                     f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
+                     f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "
+                     f"re-prefilled {pdm['reprefilled']}"))
+    rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
+    console.print(summary_table(f"{cfg.name} — summary", rows))
+    (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--quick", is_flag=True, help="the short versions (all of them together: under 15 minutes on 2 cores)")
+@click.option("--tiny", is_flag=True, help="the smallest that still measures (the test suite's)")
+@click.option("--out", default="runs/ablations", show_default=True, type=click.Path(file_okay=False), help="one folder per ablation under it")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every variant")
+def ablate(name, quick, tiny, out, overrides):
+    """Run ablation NAME (a file in flows/ablations/, or 'all') on EMULATED hardware: every variant side by side,
+    reported beside the paper and beside its own ideal (results.csv, results.md, results.png)."""
+    from rollart_dask.tools.ablation import ablation_names, load_ablation, run_ablation
+
+    names = ablation_names() if name == "all" else [name]
+    t0 = time.monotonic()
+    try:
+        specs = [load_ablation(n) for n in names]
+        for (spec, path), n in zip(specs, names):
+            target = Path(out) / Path(n).stem
+            run_ablation(spec, path, target, quick=quick, tiny=tiny, extra=list(overrides))
+            click.echo((target / "results.md").read_text())
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    click.echo(f"{len(names)} ablation(s) in {time.monotonic() - t0:.0f} s; reports under {out}/")
+
+
+@main.group()
+def envs():
+    """Environments: list them, play one by hand."""
+
+
+@envs.command("list")
+def envs_list():
+    """Registered environments and rewards (built-in, registered, and entry points)."""
+    from rollart_dask.registry import env_names, reward_names
+
+    for kind, table in (("env", env_names()), ("reward", reward_names())):
+        for name, target in sorted(table.items()):
+            click.echo(f"{kind:7s} {name:20s} {target if isinstance(target, str) else repr(target)}")
+
+
+@envs.command("try")
+@click.argument("name")
+@click.option("--seed", default=0, show_default=True, help="episode seed (held-out seeds start at 1000000)")
+@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE", help="env argument, e.g. --arg size=6")
+@click.option("--max-turns", default=20, show_default=True)
+def envs_try(name, seed, args, max_turns):
+    """Play env NAME by hand: type actions, see observations, rewards and info. 'q' quits."""
+    import yaml
+
+    from rollart_dask.registry import make_env
+
+    kwargs = {}
+    for a in args:
+        if "=" not in a:
+            raise click.BadParameter(f"{a!r}: expected KEY=VALUE", param_hint="--arg")
+        k, v = a.split("=", 1)
+        kwargs[k] = yaml.safe_load(v)
+    try:
+        env = make_env(name, **kwargs)
+    except (KeyError, TypeError, ValueError) as e:
+        raise click.ClickException(str(e))
+    obs, info = env.reset(seed=seed)
+    choices = getattr(env, "action_choices", None)
+    click.echo(f"{name} seed={seed}" + (f"  actions: {' '.join(choices)}" if choices else ""))
+    click.echo(obs)
+    total = 0.0
+    for turn in range(1, max_turns + 1):
+        action = click.prompt(f"turn {turn} action", default="q", show_default=False)
+        if action.strip().lower() == "q":
+            break
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        click.echo(obs)
+        click.echo(f"reward {reward}  total {total}  info {info}")
+        if terminated or truncated:
+            click.echo("terminated" if terminated else "truncated")
+            break
+    env.close()
+
+
+@main.group()
+def rewards():
+    """Rewards as AWS Lambda functions: a local endpoint, and deploy to it or to AWS."""
+
+
+@rewards.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="bind address (off loopback a token is required)")
+@click.option("--port", default=9001, show_default=True)
+@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="shared secret: requests must be SigV4-signed with it as the secret key")
+@click.option("--keep-warm-s", default=300.0, show_default=True, help="idle execution environments retire after this (scale to zero)")
+@click.option("--default-concurrency", default=None, type=int, help="per-function limit without reserved concurrency (default 2 x CPUs)")
+@click.option("--state-dir", default=None, type=click.Path(file_okay=False), help="functions, code and logs (default ~/.cache/rollart-dask/lambda)")
+def rewards_serve(host, port, token, keep_warm_s, default_concurrency, state_dir):
+    """Run the local Lambda-compatible endpoint (Invoke, Create/Update/Get/DeleteFunction, concurrency)."""
+    from rollart_dask.tools.lambda_local import serve
+
+    click.echo(f"Lambda API on http://{host}:{port}  (boto3: endpoint_url='http://{host}:{port}')", err=True)
+    try:
+        serve(host=host, port=port, token=token, keep_warm_s=keep_warm_s, default_concurrency=default_concurrency, state_dir=state_dir)
+    except ValueError as e:
+        raise click.ClickException(str(e))
+
+
+@rewards.command("deploy")
+@click.argument("reward")
+@click.option("--function", "function_name", default=None, help="Lambda function name (default rollart-reward-REWARD)")
+@click.option("--endpoint-url", default=None, help="a local endpoint (http://127.0.0.1:9001); omit for AWS Lambda")
+@click.option("--region", default="us-east-1", show_default=True)
+@click.option("--role-arn", default=None, help="execution role (required by AWS)")
+@click.option("--timeout", default=30, show_default=True, help="function timeout, seconds")
+@click.option("--memory", default=512, show_default=True, help="MB")
+@click.option("--concurrency", default=None, type=int, help="reserved concurrency (the function's limit)")
+@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="the endpoint's token, when it has one")
+def rewards_deploy(reward, function_name, endpoint_url, region, role_arn, timeout, memory, concurrency, token):
+    """Package REWARD (a registered name like 'math', or a module) and create or update its function."""
+    from rollart_dask.data.serverless import deploy, make_lambda_client
+
+    name = function_name or f"rollart-reward-{reward.replace('.', '-').replace(':', '-').replace('_', '-')}"
+    client = make_lambda_client(endpoint_url, region=region, token=token)
+    try:
+        out = deploy(name, reward, client, role_arn=role_arn, timeout=timeout, memory=memory, concurrency=concurrency)
+    except (KeyError, ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e))
+    click.echo(f"{out['action']} {out['function_arn']} (code sha256 {out['code_sha256']})")
+
+
+@main.group()
+def cluster():
+    """The embedded local cluster; check a running one against a flow."""
+
+
+@cluster.command("up")
+@click.argument("flow", required=False, type=click.Path(dir_okay=False))
+def cluster_up(flow):
+    """Start the local heterogeneous pools (from FLOW's cluster section) and wait; Ctrl-C stops them."""
+    from rollart_dask.resource.cluster import connect
+    from rollart_dask.config import ClusterConfig
+    from rollart_dask.resource.pools import PoolMap
+
+    cfg = load_flow(flow).cluster if flow else ClusterConfig()
+
+    async def up():
+        client, cl = await connect(cfg)
+        info = await client.scheduler.identity()
+        click.echo(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}")
+        click.echo("workers: " + PoolMap.from_scheduler_info(info).describe())
+        try:
+            while True:
+                await asyncio.sleep(3600)
+        finally:
+            await client.close()
+            if cl:
+                await cl.close()
+
+    try:
+        asyncio.run(up())
+    except KeyboardInterrupt:
+        pass
+
+
+@cluster.command("check")
+@click.argument("flow", required=False, type=click.Path(dir_okay=False))
+@click.option("--scheduler", default=None, metavar="ADDR", help="the scheduler to check (default: FLOW's cluster.scheduler, else the embedded cluster)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, as for `rollart run`")
+def cluster_check(flow, scheduler, overrides):
+    """List the pools of a cluster with their workers and, given FLOW, whether it can run there (non-zero exit if not)."""
+    from rich.console import Console
+
+    from rollart_dask.resource.cluster import connect
+    from rollart_dask.resource.check import check_cluster, pools_table
+    from rollart_dask.config import ClusterConfig
+
+    try:
+        cfg = load_flow(flow, list(overrides)) if flow else None
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    ccfg = cfg.cluster.model_copy() if cfg else ClusterConfig()
+    if scheduler:
+        ccfg.scheduler = scheduler
+
+    async def snapshot():
+        client, cl = await connect(ccfg)
+        try:
+            return client.scheduler.address, await client.scheduler.identity()
+        finally:
+            await client.close()
+            if cl:
+                await cl.close()
+
+    try:
+        address, info = asyncio.run(snapshot())
+    except OSError as e:  # unreachable scheduler: distributed raises OSError after its connect timeout
+        raise click.ClickException(f"cannot reach scheduler {ccfg.scheduler}: {e}")
+    rows, problems = check_cluster(info, cfg)
+    title = f"{address}: {len(info['workers'])} workers" + (f" — flow {cfg.name}" if cfg else "")
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)  # a log or a pipe: one line per worker rather than 80-column wrapping
+    out.print(pools_table(rows, title))
+    if problems:
+        raise click.ClickException(f"flow {cfg.name} cannot run on {address}: " + "; ".join(problems))
+    if cfg:
+        out.print(f"flow {cfg.name} can run on {address}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The model directory a flow runs: a tiny model built locally (cached), a given HF directory, or
+none at all for emulated hardware (its "model" is a timing profile)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rollart_dask.config import FlowConfig
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ROLLART_CACHE", Path.home() / ".cache" / "rollart-dask"))
+
+
+def prepare_model(cfg: FlowConfig) -> Path:
+    if cfg.emulated:  # EMULATED engines and trainer have no weights: their model is a timing profile
+        return Path(f"emulated:{cfg.emulation.model}")
+    if cfg.model.kind == "path":
+        path = Path(cfg.model.path)  # type: ignore[arg-type]
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model.path {path} is not a Hugging Face model directory (no config.json)")
+        return path
+    from rollart_dask.models.tiny import build_tiny_model
+
+    m = cfg.model
+    return build_tiny_model(cache_dir() / "models", m.hidden_size, m.layers, m.heads, m.intermediate_size, m.seed)

@@ -1,0 +1,147 @@
+"""Run an ablation's variants one after the other (each on a fresh embedded cluster), measure
+each from its metrics, compute each one's ideal, and write the report."""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+from rollart_dask.config import FlowConfig, FlowError, load_flow, task_pools
+from rollart_dask.observe import console
+from rollart_dask.tools.ablation.report import write_report
+from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
+
+
+def engine_workers(cfg: FlowConfig) -> dict[str, int]:
+    """Engine workers per pool the flow generates on (the TRAIN worker holds no engine)."""
+    pools = {p for t in cfg.tasks for p in task_pools(t)}
+    return {p: sum(1 for w in cfg.cluster.workers if p in w.pools and "TRAIN" not in w.pools) for p in sorted(pools)}
+
+
+def reward_slots(cfg: FlowConfig) -> int | None:
+    """Rewards scored at once: local = batches in flight on the REWARD workers, each scored in turn; serverless: unbounded."""
+    if cfg.reward.mode == "serverless":
+        return None
+    return sum(min(w.nthreads, cfg.rollout.coalesce_inflight) for w in cfg.cluster.workers if "REWARD" in w.pools)
+
+
+def summarise(rows: list[dict], scale: float, warmup: int) -> dict:
+    """Metrics over the steps after ``warmup`` (emulated seconds = wall / time_scale)."""
+    steps = [r for r in rows if r.get("kind") == "step"]
+    if len(steps) < warmup + 2:
+        raise RuntimeError(f"only {len(steps)} steps recorded; need at least warmup ({warmup}) + 2 to measure step times")
+    window = steps[warmup:]
+    gaps = [(b["elapsed_s"] - a["elapsed_s"]) / scale for a, b in zip(window, window[1:])]
+    step_s = sum(gaps) / len(gaps)
+    trajs = statistics.mean(r["trajectories"] for r in window[1:])
+    rollout = [r["trajectory_s"]["mean"] / scale for r in window[1:] if r.get("trajectory_s", {}).get("n")]
+    util = [r["reward"]["utilisation"] for r in window[1:] if r.get("reward", {}).get("utilisation") is not None]
+    busy = {p: statistics.mean(r["pool_busy"].get(p, 0.0) for r in window[1:]) for p in ("H800", "H20", "TRAIN")}
+    return {"step_s": step_s, "throughput": trajs / step_s, "rollout_s": statistics.mean(rollout) if rollout else None,
+            "reward_utilisation": statistics.mean(util) if util else None, "steps_measured": len(gaps),
+            "step_s_min": min(gaps), "step_s_max": max(gaps), "pool_busy": busy, "trained_mix": _mix(window[1:]),
+            "aborted": sum(v for k, v in steps[-1]["buffer"].items() if "abort" in k or "stale" in k or "redundant" in k),
+            "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0), "call_overhead_ms": _overhead(window[1:])}
+
+
+def _overhead(steps: list[dict]) -> dict[str, float]:
+    """Per call, wall ms the caller waited beyond the time the call spent inside its service (the
+    emulated engine's queue + compute, the env's own reset/step): Dask, coalescing, the event loop."""
+    out = {}
+    for stage in ("generate", "env-reset", "env-step"):
+        n = sum(r["stage_latency"].get(stage, {}).get("n", 0) for r in steps)
+        waited = sum(r["stage_latency"].get(stage, {}).get("sum_s", 0.0) for r in steps)
+        inside = sum(r.get("service_s", {}).get(stage, 0.0) for r in steps)
+        if n:
+            out[stage] = 1000 * (waited - inside) / n
+    return out
+
+
+def _mix(steps: list[dict]) -> dict[str, float]:
+    """Share of trained groups per task: eager admission can drop slow tasks' groups (a bias to report)."""
+    groups: dict[str, int] = {}
+    for r in steps:
+        for task, t in r.get("tasks", {}).items():
+            groups[task] = groups.get(task, 0) + t["groups"]
+    total = sum(groups.values()) or 1
+    return {k: v / total for k, v in groups.items()}
+
+
+def ideal_of(cfg: FlowConfig) -> dict:
+    from rollart_dask.tools.emulation.flow_ideal import flow_ideal
+
+    ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg))
+    n = ideal.terms["trajectories_per_step"]
+    return {"step_s": ideal.step_s, "throughput": n / ideal.step_s, "binding": ideal.binding, "step_sd_s": ideal.terms["step_sd_s"],
+            "rollout_s": ideal.terms["group_latency_mean_s"], "terms": ideal.terms}
+
+
+def variant_flow(spec: AblationSpec, path: Path, name: str, quick: bool, tiny: bool, extra: list[str]) -> FlowConfig:
+    import yaml
+
+    v = spec.variant(name)
+    overrides = [*spec.set, *(spec.quick if quick or tiny else []), *(spec.tiny if tiny else []), *v.set, *extra]
+    flow = path.parent / spec.flow
+    if not flow.is_file():
+        raise FlowError(f"{path}: flow {spec.flow} not found (relative to the ablation file)")
+    data = yaml.safe_load(flow.read_text())
+    if spec.tasks is not None:
+        unknown = sorted(set(spec.tasks) - {t["name"] for t in data["tasks"]})
+        if unknown:
+            raise FlowError(f"{path}: tasks {unknown} are not in {spec.flow}")
+        data["tasks"] = [t for t in data["tasks"] if t["name"] in spec.tasks]
+    cfg = load_flow(data=data, overrides=overrides)
+    if not cfg.emulated:
+        raise FlowError(f"{path}: variant {name!r} is not emulated (engine.backend={cfg.engine.backend}); ablations run on emulated hardware")
+    return cfg
+
+
+async def _run_variant(cfg: FlowConfig, out: Path) -> dict:
+    from rollart_dask.entry.api import run_flow
+
+    return await run_flow(cfg, out)
+
+
+def _run_blocking(cfg: FlowConfig, out: Path) -> dict:
+    """A variant to its end. Where this thread already runs an event loop (a Jupyter kernel runs its
+    cells in one), asyncio.run cannot nest: the variant gets a thread and an event loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_run_variant(cfg, out))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="rollart-ablation") as pool:
+        return pool.submit(lambda: asyncio.run(_run_variant(cfg, out))).result()
+
+
+def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False, tiny: bool = False, extra: list[str] | None = None) -> list[dict]:
+    """Every variant, measured and beside its ideal; writes results.csv/.md/.png under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for v in spec.variants:
+        cfg = variant_flow(spec, path, v.name, quick, tiny, list(extra or []))
+        run_dir = out / "runs" / _slug(v.name)
+        if (run_dir / "metrics.jsonl").exists():
+            (run_dir / "metrics.jsonl").unlink()  # a fresh measurement, never appended to an old one
+        console.print(f"[bold]{spec.figure} — {v.name}[/bold] ({' '.join(v.set) or 'base'}): {cfg.trainer.steps} steps, "
+                      f"time_scale {cfg.emulation.time_scale} [yellow](EMULATED hardware)[/yellow]")
+        t0 = time.monotonic()
+        _run_blocking(cfg, run_dir)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        measured = summarise(rows, cfg.emulation.time_scale, spec.warmup_steps)
+        ideal = ideal_of(cfg)
+        results.append({"variant": v.name, "set": v.set, "measured": measured, "ideal": ideal, "wall_s": time.monotonic() - t0,
+                        "time_scale": cfg.emulation.time_scale, "mode": cfg.rollout.mode, "alpha": cfg.rollout.alpha, "level": cfg.rollout.level})
+        label, unit, _ = METRICS[spec.metric]
+        m, i = measured[spec.metric], ideal.get(spec.metric)
+        console.print(f"  {label}: {m:.3g} {unit}" + (f" (ideal {i:.3g}, fraction {fraction(spec.metric, m, i):.2f})" if i else ""))
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    write_report(spec, results, out)
+    return results
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name.replace("α", "alpha").replace("σ", "sigma"))

@@ -1,0 +1,120 @@
+"""An ablation's report: results.csv, results.md (paper beside ours beside the ideal) and results.png."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
+
+
+def _ratio(metric: str, value: float | None, base: float | None) -> float | None:
+    """Speed-up against the baseline (>1 = better), or the value itself for utilisation."""
+    if metric == "reward_utilisation":
+        return value
+    if not value or not base:
+        return None
+    return value / base if METRICS[metric][2] else base / value
+
+
+def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
+    by_name = {r["variant"]: r for r in results}
+    rows = []
+    for r in results:
+        base = by_name[spec.baseline_of(r["variant"])]
+        m = r["measured"]
+        row = {"figure": spec.figure, "variant": r["variant"], "settings": " ".join(r["set"]), "metric": spec.metric}
+        for metric in [spec.metric, *spec.also]:
+            val, ideal = m.get(metric), r["ideal"].get(metric)
+            sfx = "" if metric == spec.metric else f" {metric}"
+            row[f"ours{sfx}"] = val
+            row[f"ideal{sfx}"] = ideal
+            row[f"fraction_of_ideal{sfx}"] = fraction(metric, val, ideal)
+        row["ours_vs_baseline"] = _ratio(spec.metric, m.get(spec.metric), base["measured"].get(spec.metric))
+        row["ideal_vs_baseline"] = _ratio(spec.metric, r["ideal"].get(spec.metric), base["ideal"].get(spec.metric))
+        row["baseline"] = base["variant"]
+        row["paper_vs_baseline"] = spec.paper.get(r["variant"])
+        row["aborted"] = m.get("aborted")
+        row["groups_dropped"] = m.get("groups_dropped")
+        row["trained_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((m.get("trained_mix") or {}).items()))
+        row["binding"] = r["ideal"].get("binding")
+        # two standard errors of an n-step mean of the ideal step time: how far a short measurement may land from it by luck
+        row["ideal_step_noise_s"] = 2 * r["ideal"].get("step_sd_s", 0.0) / max(1, m["steps_measured"]) ** 0.5
+        row["steps_measured"] = m["steps_measured"]
+        row["time_scale"] = r["time_scale"]
+        rows.append(row)
+    return rows
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
+    rows = rows_of(spec, results)
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    label, unit, _ = METRICS[spec.metric]
+    ratio = "value" if spec.metric == "reward_utilisation" else "speed-up vs baseline"
+    lines = [f"### {spec.figure}: {spec.title} (EMULATED hardware)", "",
+             f"Metric: {label} ({unit}), measured over {rows[0]['steps_measured']} steps after {spec.warmup_steps} warm-up steps, "
+             f"time scale {rows[0]['time_scale']}.", "",
+             f"| variant | ours | ideal | ours / ideal | ours, {ratio} | ideal, {ratio} | paper, {ratio} | baseline | ideal bound "
+             f"| aborted / groups dropped | trained task mix |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
+                     f"| {_fmt(r['ideal_vs_baseline'])} | {_fmt(r['paper_vs_baseline'])} | {r['baseline']} | {r['binding']} "
+                     f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} |")
+    lines += ["", "Ideal step time ± two standard errors of a mean over the measured steps (heavy env tails make short "
+              "measurements land on either side of the ideal by luck): " + ", ".join(
+                  f"{r['variant']} {_fmt(next(x['ideal']['step_s'] for x in results if x['variant'] == r['variant']))} ± "
+                  f"{_fmt(r['ideal_step_noise_s'])} s" for r in rows)]
+    for metric in spec.also:
+        lines += ["", f"Also: {METRICS[metric][0]} ({METRICS[metric][1]}): " + ", ".join(
+            f"{r['variant']} {_fmt(r[f'ours {metric}'])} (ideal {_fmt(r[f'ideal {metric}'])})" for r in rows)]
+    lines += ["", "Where the time beyond the ideal goes (measured): per call, wall ms the caller waited beyond the call's own "
+              "time inside its service, and that per turn in emulated seconds (÷ time scale); stale aborts and dropped groups "
+              "are in the table."]
+    for r in results:
+        o = r["measured"].get("call_overhead_ms") or {}
+        turn = (o.get("generate", 0.0) + o.get("env-step", 0.0)) / 1000 / r["time_scale"] if r["time_scale"] else 0.0
+        lines.append(f"- {r['variant']}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in o.items()) + f" → ~{turn:.1f} emulated s per turn")
+    if spec.paper_note:
+        lines += ["", f"Paper: {spec.paper_note}"]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    _plot(spec, rows, out / "results.png")
+
+
+def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
+    # The Figure itself, not pyplot: no backend is chosen or switched (in a notebook kernel pyplot's
+    # inline backend stays as it was), and the PNG is drawn by Agg either way.
+    from matplotlib.figure import Figure
+
+    label, unit, _ = METRICS[spec.metric]
+    names = [r["variant"] for r in rows]
+    fig = Figure(figsize=(11, 4))
+    a, b = fig.subplots(1, 2)
+    x = range(len(rows))
+    a.bar([i - 0.2 for i in x], [r["ours"] or 0 for r in rows], 0.4, label="ours (emulated)")
+    a.bar([i + 0.2 for i in x], [r["ideal"] or 0 for r in rows], 0.4, label="ideal", color="lightgray", edgecolor="gray")
+    a.set_xticks(list(x), names, rotation=20)
+    a.set_ylabel(f"{label} ({unit})")
+    a.legend()
+    a.set_title(f"{spec.figure}: {label}")
+    ratio = "value" if spec.metric == "reward_utilisation" else "speed-up vs baseline"
+    b.bar([i - 0.27 for i in x], [r["ours_vs_baseline"] or 0 for r in rows], 0.27, label="ours")
+    b.bar(list(x), [r["ideal_vs_baseline"] or 0 for r in rows], 0.27, label="ideal", color="lightgray", edgecolor="gray")
+    b.bar([i + 0.27 for i in x], [r["paper_vs_baseline"] or 0 for r in rows], 0.27, label="paper", color="tab:orange")
+    b.set_xticks(list(x), names, rotation=20)
+    b.set_ylabel(ratio)
+    b.legend()
+    b.set_title("ours vs ideal vs paper")
+    fig.suptitle(f"{spec.title} — EMULATED hardware, real runtime", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)

@@ -1,0 +1,209 @@
+"""The ideal step time of an emulated flow: its workload (synthetic tasks, injected env latency,
+reward cost), cluster (emulated pools) and mode, with zero scheduling overhead. Every ablation
+reports its measured step time as a fraction of this.
+
+Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
+- Per step, N = batch_groups × group size trajectories, split among tasks by weight.
+- Rollout throughput T_thr: each task's trajectories cost instance-seconds on the pool it is
+  pinned to (affinity) at the throughput-optimal batch; tasks with affinity ``auto`` are split
+  between pools by comparative advantage (exact for two pools); the busiest pool sets T_thr.
+- Latency: one trajectory alone (batch 1) on its pool: per turn the new tokens' prefill + its own
+  output's decode steps, plus its env reset/steps and reward, sampled from the same distributions
+  the workload draws from. By Jensen, using per-trajectory draws keeps it a lower bound.
+- Staleness: a group started in step interval k runs on version k−1 and must be trained by version
+  k−1+α, i.e. finish within α intervals — so with ``safe`` admission (no group ever aborted) a step
+  lasts at least the batch's slowest group latency / α. ``eager`` admission aborts what outlives
+  the bound instead: its ideal is the capacity bound alone, and what aborts waste (and the task
+  mix they shift, as dropped groups) is measured, not assumed.
+- Reward capacity: serverless is unbounded; local rewards run ``slots`` at a time (the REWARD
+  worker's task threads), so N × E[reward] / slots bounds the step from below.
+- Not modelled: env failures and hangs (a failure only adds time), redundancy (it only
+  removes tail time that failures and stragglers added), the train/rollout GPU contention.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from envs.inject import parse_spec
+from envs.synthetic import draw_length, length_mean
+
+from rollart_dask.config import task_pools
+from rollart_dask.tools.emulation.hardware import GPUS, MODELS, decode_step_seconds, prefill_seconds, train_step_seconds, weight_load_seconds
+from rollart_dask.tools.emulation.ideal import Ideal, Pool, Workload, per_trajectory_seconds
+
+
+@dataclass
+class TaskLoad:
+    name: str
+    n: float  # trajectories per step
+    workload: Workload  # mean lengths
+    pools: tuple[str, ...]  # pools it may generate on
+    env_args: dict
+    inject: dict | None
+    reward_s: float  # emulated seconds per reward call
+    group_size: int
+    share: float  # probability a group is of this task (the launcher draws each group's task by weight)
+
+
+def _env_latency(inject: dict | None, rng: np.random.Generator, n: int, turns: int) -> tuple[np.ndarray, np.ndarray]:
+    """Reset (n) and step (n × turns) latencies, emulated seconds, drawn from the injection spec."""
+    if not inject:
+        return np.zeros(n), np.zeros((n, turns))
+    spec = parse_spec({k: v for k, v in inject.items() if k != "time_scale"})
+    z = rng.standard_normal((n, turns + 1))
+    u = rng.random((n, turns + 1))
+    reset = np.array([spec.reset_latency.value(z[i, 0], u[i, 0]) for i in range(n)])
+    steps = np.array([[spec.step_latency.value(z[i, k], u[i, k]) for k in range(1, turns + 1)] for i in range(n)])
+    return reset, steps
+
+
+def task_loads(cfg) -> list[TaskLoad]:
+    r = cfg.rollout
+    weights = sum(t.weight for t in cfg.tasks)
+    loads = []
+    for t in cfg.tasks:
+        if t.env != "synthetic":
+            raise ValueError(f"the ideal is defined for emulated workloads: task {t.name} uses env {t.env!r}, not 'synthetic'")
+        a = t.env_args
+        groups = r.batch_groups * t.weight / weights
+        turns = min(int(a.get("turns", 1)), t.max_turns)  # the runtime ends a trajectory at max_turns
+        w = Workload(trajectories=max(1, round(groups * (t.group_size or r.group_size))), turns=turns,
+                     prompt_tokens=round(length_mean(a.get("prompt_tokens", 512))), output_tokens=max(1, round(length_mean(a.get("output_tokens", 256)))),
+                     obs_tokens=round(length_mean(a.get("obs_tokens", 64), minimum=0)) if turns > 1 else 0)
+        loads.append(TaskLoad(t.name, groups * (t.group_size or r.group_size), w, task_pools(t), a, t.inject, float(a.get("reward_s", 0.0)),
+                              t.group_size or r.group_size, t.weight / weights))
+    return loads
+
+
+def _pools(cfg, engine_workers: dict[str, int]) -> dict[str, Pool]:
+    e = cfg.emulation
+    return {p: Pool(GPUS[e.pools[p].gpu], e.pools[p].gpus * k, e.pools[p].tp)
+            for p, k in engine_workers.items() if k and p in e.pools and e.pools[p].gpus}
+
+
+def _throughput_bound(loads: list[TaskLoad], pools: dict[str, Pool], model) -> float:
+    """Smallest T such that every pool's instance-seconds fit; auto tasks split by comparative advantage."""
+    cost = {(t.name, p): per_trajectory_seconds(t.workload, model, pools[p]) for t in loads for p in t.pools if p in pools}
+    for t in loads:
+        if not any((t.name, p) in cost for p in t.pools):
+            raise ValueError(f"task {t.name}: none of its pools {t.pools} has emulated GPUs")
+
+    def fits(T: float) -> bool:
+        cap = {p: T * pool.instances for p, pool in pools.items()}
+        flexible = []
+        for t in loads:
+            usable = [p for p in t.pools if (t.name, p) in cost]
+            if len(usable) == 1:
+                cap[usable[0]] -= t.n * cost[t.name, usable[0]]
+            else:
+                flexible.append((t, usable))
+        if len(pools) == 2 and flexible:  # fill the first pool with the tasks relatively cheapest there
+            a, b = list(pools)
+            flexible.sort(key=lambda tu: cost[tu[0].name, a] / cost[tu[0].name, b])
+            for t, _ in flexible:
+                on_a = max(0.0, min(t.n, cap[a] / cost[t.name, a]))
+                cap[a] -= on_a * cost[t.name, a]
+                cap[b] -= (t.n - on_a) * cost[t.name, b]
+        else:
+            for t, usable in flexible:
+                cap[usable[0]] -= t.n * cost[t.name, usable[0]]
+        return all(c >= -1e-9 for c in cap.values())
+
+    lo, hi = 0.0, 1.0
+    while not fits(hi):
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def _generation_latency(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> np.ndarray:
+    """Batch-1 generation time per trajectory and turn (n × turns) given drawn output lengths."""
+    w = t.workload
+    prefill = np.array([prefill_seconds(model, pool.gpu, w.prompt_tokens if k == 0 else max(1, w.obs_tokens), pool.tp, w.prompt_at(k))
+                        for k in range(w.turns)])
+    mean_ctx = sum(w.prompt_at(k) for k in range(w.turns)) / w.turns
+    per_token = decode_step_seconds(model, pool.gpu, 1, int(mean_ctx), pool.tp)
+    return prefill[None, :] + (outputs - 1).clip(min=0) * per_token
+
+
+def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samples: int, seed: int,
+                      batch_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per sample (a batch whose groups' tasks are drawn by weight, as the launcher does):
+    trajectory-level makespan (slowest trajectory), batch-level makespan (a barrier before every
+    generate), and every group's latency — its slowest member's, as GRPO needs the whole group."""
+    rng, py = np.random.default_rng(seed), random.Random(seed)
+    traj_max, wave, every = np.zeros(samples), np.zeros(samples), []
+    fastest = [min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
+                   key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()))
+               for t in loads]
+    for s in range(samples):
+        resets, turns, rewards, groups = [], [], [], []
+        counts = rng.multinomial(batch_groups, [t.share for t in loads])
+        for t, k, pool in zip(loads, counts, fastest):
+            if not k:
+                continue
+            n, w = int(k) * t.group_size, t.workload
+            outs = np.array([[draw_length(t.env_args.get("output_tokens", 256), py) for _ in range(w.turns)] for _ in range(n)])
+            reset, steps = _env_latency(t.inject, rng, n, w.turns)
+            resets.append(reset)
+            turns.append(_generation_latency(t, model, pool, outs) + steps)
+            rewards.append(np.full(n, t.reward_s))
+            groups += [t.group_size] * int(k)
+        width = max(x.shape[1] for x in turns)
+        per_turn = np.concatenate([np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in turns])
+        reset, reward = np.concatenate(resets), np.concatenate(rewards)
+        lat = reset + per_turn.sum(1) + reward
+        every.append([chunk.max() for chunk in np.split(lat, np.cumsum(groups)[:-1]) if len(chunk)])
+        traj_max[s] = lat.max()
+        clock = reset.max()  # batch level: every turn starts when the slowest member finished the last
+        for k in range(width):
+            clock += per_turn[:, k].max()
+        wave[s] = clock + reward.max()
+    return traj_max, wave, np.array([x for xs in every for x in xs])
+
+
+def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0) -> Ideal:
+    """Ideal step time (emulated seconds) of an emulated flow on ``engine_workers`` (pool → engine
+    workers). ``reward_slots``: concurrent local reward calls (None = serverless: unbounded)."""
+    r = cfg.rollout
+    model = MODELS[cfg.emulation.model]
+    pools = _pools(cfg, engine_workers)
+    loads = task_loads(cfg)
+    t_thr = _throughput_bound(loads, pools, model)
+    traj_max, wave, every = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups)
+    lat_mean = float(every.mean())
+    lat_max = float((wave if r.level == "batch" else traj_max).mean())
+    n_total = sum(t.n for t in loads)
+    reward_bound = sum(t.n * t.reward_s for t in loads) / reward_slots if reward_slots else 0.0
+    makespan = max(t_thr, lat_max, reward_bound)
+    tokens = sum(t.n * t.workload.sample_tokens for t in loads)
+    e = cfg.emulation
+    train = train_step_seconds(model, e.trainer.gpus, int(tokens), GPUS[e.trainer.gpu])
+    update = max(weight_load_seconds(model, p.gpu, p.tp) for p in pools.values())
+    alpha = r.alpha
+    per_sample = np.maximum(np.maximum(wave if r.level == "batch" else traj_max, t_thr), reward_bound)  # one batch's makespan
+    if alpha == 0:
+        step_s, binding = makespan + update + train, "rollout+update+train"
+        spread = per_sample
+    elif r.level == "batch":  # one_off: the next wave's rollout overlaps this train
+        step_s = max(makespan, train) + update
+        binding = ("rollout" if makespan >= train else "train") + "+update"
+        spread = np.maximum(per_sample, train)
+    else:
+        cands = {"rollout_throughput+update": t_thr + update, "train": train, "group_latency/(alpha+1)": lat_mean / (alpha + 1),
+                 "reward_capacity": reward_bound}
+        if r.admission == "safe":  # no group is ever aborted: the slowest must fit the bound
+            cands["staleness:slowest_group/alpha"] = float(traj_max.mean()) / alpha
+        binding = max(cands, key=cands.get)
+        step_s = cands[binding]
+        spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
+    terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,
+             "latency_max_s": lat_max, "makespan_s": makespan, "reward_capacity_s": reward_bound, "train_s": train, "update_s": update,
+             "tokens_per_step": tokens, "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha,
+             "level": r.level, "step_sd_s": float(np.std(spread))}  # one step's spread: heavy tails make few-step means noisy
+    return Ideal(r.mode, step_s, binding, terms)
