@@ -1,6 +1,10 @@
 """Flow schema: YAML → typed, validated config. Unknown keys and bad values are errors naming the key.
 
 No Dask here. Every knob has its default in this file, with a help string.
+
+Why this module is long: it is the one reference of every flow key (the README's flow reference is
+read off it); splitting the schema would scatter the cross-section checks (modes, α, pools, backends)
+that name keys from several sections.
 """
 from __future__ import annotations
 
@@ -102,7 +106,7 @@ class TaskConfig(Strict):
 
 
 class PDConfig(Strict):
-    """Prefill/decode disaggregation (services/pd.py): each generate call is prefilled on an engine of pool
+    """Prefill/decode disaggregation (data/kv.py, control/proxy.py PDRoute): each generate call is prefilled on an engine of pool
     ``prefill``, its KV cache shipped by Dask to an engine of pool ``decode``, and decoded there."""
 
     prefill: EnginePool = Field(description="engine pool that prefills (and samples the first token)")

@@ -58,6 +58,10 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def entries(self) -> dict[str, str]:
+        """name → "module:attr", importing nothing (a resolved entry is described by its origin)."""
+        return {n: t if isinstance(t, str) else self._describe(t) for n, t in sorted(self._entries.items())}
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 

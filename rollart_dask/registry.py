@@ -2,7 +2,8 @@
 
 Built-ins are 'module:attr' strings imported lazily (workers import them, the client need not).
 Any 'module:attr' string works as a name too, so a flow can point at user code that workers
-can import; `register()` adds names in the current process.
+can import; `register_env()` / `register_reward()` add names in the current process (a name
+already taken is an error), and installed packages add theirs through entry points.
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import sys
 import threading
 from typing import Any, Callable
 
-ENVS: dict[str, Any] = {
+from rollart_dask.registries import Registry, UnknownName
+
+ENVS = Registry("env", {
     "frozenlake": "envs.frozenlake:FrozenLakeText",
     "sokoban": "envs.sokoban:SokobanText",
     "math": "envs.reasoning:MathEnv",
@@ -20,8 +23,8 @@ ENVS: dict[str, Any] = {
     "gym": "envs.adapters:GymnasiumText",
     "textarena": "envs.adapters:TextArenaEnv",
     "synthetic": "envs.synthetic:SyntheticAgentEnv",  # EMULATED workload shape, for ablations on emulated hardware
-}
-REWARDS: dict[str, Any] = {
+})
+REWARDS = Registry("reward", {
     "frozenlake": "rewards.frozenlake:reward",
     "sokoban": "rewards.sokoban:reward",
     "math": "rewards.reasoning:reward",
@@ -29,15 +32,9 @@ REWARDS: dict[str, Any] = {
     "env_return": "rewards.env_return:reward",
     "judge": "rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
     "emulated": "rewards.emulated:reward",  # EMULATED reward cost (sleeps), with the synthetic env
-}
-
-
-def register_env(name: str, factory: Callable | str) -> None:
-    ENVS[name] = factory
-
-
-def register_reward(name: str, fn: Callable | str) -> None:
-    REWARDS[name] = fn
+})
+register_env = ENVS.register  # register_env(name, factory | "module:attr")
+register_reward = REWARDS.register  # register_reward(name, fn | "module:attr")
 
 
 _scan_lock = threading.Lock()
@@ -57,23 +54,24 @@ def _scan_entry_points(group: str) -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=group)}
 
 
-def env_names() -> dict[str, Any]:
-    return {**_entry_points("rollart_dask.envs"), **ENVS}
+def env_names() -> dict[str, str]:
+    return {**_entry_points("rollart_dask.envs"), **ENVS.entries()}
 
 
-def reward_names() -> dict[str, Any]:
-    return {**_entry_points("rollart_dask.rewards"), **REWARDS}
+def reward_names() -> dict[str, str]:
+    return {**_entry_points("rollart_dask.rewards"), **REWARDS.entries()}
 
 
-def _resolve(kind: str, table: dict[str, Any], name: str) -> Any:
-    table = {**_entry_points(f"rollart_dask.{kind}s"), **table}
-    target = table.get(name, name if ":" in name else None)
+def _resolve(kind: str, registry: Registry, name: str) -> Any:
+    if name in registry:
+        return registry.get(name)
+    found = _entry_points(f"rollart_dask.{kind}s")
+    target = found.get(name, name if ":" in name else None)
     if target is None:
-        raise KeyError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(table))} (or give 'module:attr')")
-    if isinstance(target, str):
-        module, _, attr = target.partition(":")
-        target = getattr(importlib.import_module(module), attr)
-    return target
+        known = sorted({*found, *registry.names()})
+        raise UnknownName(f"unknown {kind} {name!r}; registered: {', '.join(known)} (or give 'module:attr')")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 def make_env(name: str, **kwargs) -> Any:

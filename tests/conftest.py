@@ -116,6 +116,41 @@ def dropped(run) -> dict:
     return {k: counts.get(k, 0) for k in DROPPED} | {k: v for k, v in counts.items() if k.startswith("failed_")}
 
 
+def record_trained_batches(run, into: list | None = None) -> list:
+    """Record every batch the run's buffer hands to training, in order, as the policy versions the engines
+    stamped on each kept trajectory's turns (``Turn.version``, from each ``Completion``) — not the buffer's own
+    start version, nor the ``published`` value it filtered on. Returns the list it appends to."""
+    batches = [] if into is None else into
+    take = run.buffer.take
+
+    def recording(n_groups):
+        groups = take(n_groups)
+        if groups is not None:
+            batches.append([[turn.version for turn in traj.turns] for g in groups for traj in g.kept])
+        return groups
+
+    run.buffer.take = recording
+    return batches
+
+
+def check_staleness_by_turns(batches: list, step_rows: list[dict], alpha: int) -> int:
+    """Each step row's ``version`` is what its Train produced (the trainer's own count), so the batch trained at
+    n = version − 1. Every trajectory in it must have started (its first turn) at ≥ n − α, its turns never run
+    ahead of the trainer nor go back in version. Returns how many trajectories span a weight swap."""
+    rows = sorted(step_rows, key=lambda r: r["version"])
+    assert len(batches) == len(rows) and batches, (len(batches), len(rows))
+    spanning = 0
+    for turns, row in zip(batches, rows):
+        n = row["version"] - 1
+        assert turns and all(turns), f"step v{row['version']}: a batch or trajectory without turns"
+        for versions in turns:
+            assert versions == sorted(versions), f"turn versions go backwards: {versions}"
+            assert versions[0] >= n - alpha, f"trained at v{n} (α={alpha}) a trajectory started at v{versions[0]}: turns {versions}"
+            assert versions[-1] <= n, f"a turn at v{versions[-1]} trained at v{n}: engines ahead of the trainer"
+            spanning += len(set(versions)) > 1
+    return spanning
+
+
 @pytest.fixture
 def run_async():
     def runner(coro, timeout=300):

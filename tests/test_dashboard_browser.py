@@ -45,7 +45,7 @@ def test_rollart_page_fills_live_in_a_browser(address, tmp_path):
     # redundancy 1: each group's extra member is dropped, so the dropped/failed panel has something to show
     flow = flow_dict(**{"trainer.steps": 10_000, "eval.every": 2, "rollout.redundancy": 1})
     with Client(address) as client:
-        run = rollart_dask.entry.launch(flow, client=client, out=tmp_path / "run")
+        run = rollart_dask.launch(flow, client=client, out=tmp_path / "run")
         try:
             t0 = time.monotonic()
             while run.dashboard_url is None:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rollart_dask.config import load_flow
+from tests.conftest import check_staleness_by_turns, record_trained_batches
 
 
 def test_a_slow_env_call_does_not_hold_back_its_batch(address, run_async):
@@ -60,10 +61,12 @@ def test_emulated_run_keeps_every_trained_sample_within_the_staleness_bound(tmp_
     from rollart_dask.entry.api import run_flow
 
     cfg = _emulated_flow(tmp_path, f"rollout.alpha={alpha}", "rollout.admission=eager")
-    result = run_async(run_flow(cfg, tmp_path), timeout=600)
+    batches: list = []
+    result = run_async(run_flow(cfg, tmp_path, on_ready=lambda run: record_trained_batches(run, batches)), timeout=600)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     steps = [r for r in rows if r["kind"] == "step"]
     assert result["steps"] == 5 and len(steps) == 5
+    check_staleness_by_turns(batches, steps, alpha)  # by the versions the (emulated) engines stamped on every turn
     for r in steps:
         assert max(int(k) for k in r["staleness"]) <= alpha, r["staleness"]
         assert r["trajectories"] == 16 and r["emulated_train_s"] > 0 and r["trainer"] == "emulated"

@@ -76,3 +76,16 @@ def test_cli_envs_list_and_try():
     assert "'malformed': 1" in res.output and "reward 1.0" in res.output and "terminated" in res.output
     res = CliRunner().invoke(main, ["envs", "try", "nope"])
     assert res.exit_code != 0 and "unknown env 'nope'" in res.output
+
+
+def test_env_and_reward_names_are_taken_once():
+    import pytest
+
+    from rollart_dask.registry import make_env, register_env, register_reward
+
+    with pytest.raises(ValueError, match="env 'frozenlake' is already registered"):
+        register_env("frozenlake", "envs.sokoban:SokobanText")
+    with pytest.raises(ValueError, match="reward 'math' is already registered"):
+        register_reward("math", "rewards.frozenlake:reward")
+    with pytest.raises(KeyError, match="unknown env 'nope'; registered: .*frozenlake"):
+        make_env("nope")

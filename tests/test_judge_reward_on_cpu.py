@@ -117,7 +117,7 @@ def test_smollm2_builds_once_with_a_chat_template(smollm2_dir):
     from rollart_dask.models.tiny import load_tokenizer
 
     t0 = time.perf_counter()
-    assert build_smollm2() == smollm2_dir and time.perf_counter() - t0 < 1.0  # reused, not rebuilt
+    assert build_smollm2() == smollm2_dir and time.perf_counter() - t0 < 10.0  # reused, not rebuilt (a build takes 35–45 s)
     tok = load_tokenizer(smollm2_dir)
     assert tok.chat_template and tok.pad_token_id is not None and tok.eos_token == "<|im_end|>"
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)

@@ -59,7 +59,9 @@ def test_python3_kernel_is_this_virtualenv():
 def test_a_run_steered_from_a_notebook_kernel(address, tmp_path):
     """launch → metrics grow → pause (no new groups, those in flight finish) → resume → stop drains;
     the same checks as test_launch_api_cluster, asserted inside the kernel's cells."""
-    flow = flow_dict(**{"trainer.steps": 10_000, "eval.every": 0})
+    # env steps slowed (EMULATED latency, 0.1 s): rollout is the bottleneck, so trajectories are in flight at the pause
+    task = {**flow_dict()["tasks"][0], "inject": {"step_latency": {"dist": "constant", "s": 0.1}}}
+    flow = flow_dict(**{"trainer.steps": 10_000, "eval.every": 0, "tasks": [task]})
     nb = code_notebook(
         f"""
 import time
@@ -89,7 +91,7 @@ def dropped(run) -> dict:
         """
 client = Client(ADDRESS)  # a client the notebook already has: the run joins its scheduler
 t0 = time.monotonic()
-run = rollart_dask.entry.launch(FLOW, client=client, out=OUT, rollout__batch_groups=1)
+run = rollart_dask.launch(FLOW, client=client, out=OUT, rollout__batch_groups=1)
 assert time.monotonic() - t0 < 5 and run.status in ("starting", "running"), run.status
 assert run.cfg.cluster.scheduler == client.scheduler.address and run.cfg.rollout.batch_groups == 1
 """,
@@ -100,15 +102,16 @@ assert run.metrics["step"].is_monotonic_increasing
 run
 """,
         """
+inner = run._run
+dropped_before, in_flight_before = dropped(inner), len(inner.launcher.members)  # read just before the pause
 run.pause()
 wait_for(lambda: run.status == "paused", what="pause")
-inner = run._run
-dropped_at_pause = dropped(inner)
-wait_for(lambda: not inner.members, timeout=120, what="in-flight trajectories to finish")  # they finish, none is dropped
+assert in_flight_before > 0  # else the checks below would hold vacuously
+wait_for(lambda: not inner.launcher.members, timeout=120, what="in-flight trajectories to finish")  # they finish, none is dropped
 opened = inner.buffer.opened
 time.sleep(2.0)
-assert inner.buffer.opened == opened and not inner.members  # no new trajectories while paused
-assert dropped(inner) == dropped_at_pause, (dropped_at_pause, dropped(inner))  # none aborted, dropped or failed
+assert inner.buffer.opened == opened and not inner.launcher.members  # no new trajectories while paused
+assert dropped(inner) == dropped_before, (dropped_before, dropped(inner))  # none aborted, dropped or failed
 """,
         """
 run.resume()

@@ -13,7 +13,7 @@ from rollart_dask.resource.cluster import connect
 from rollart_dask.config import load_flow
 from rollart_dask.control.run import Run
 from rollart_dask.resource.pools import PoolError
-from tests.conftest import close, flow_dict, start_run
+from tests.conftest import check_staleness_by_turns, close, flow_dict, record_trained_batches, start_run
 
 POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "reward-0": "REWARD"}
 
@@ -152,14 +152,16 @@ def test_modes_train_and_publish(address, tmp_path, model_dir, run_async, mode):
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
         try:
-            return await run.run(), run.metrics.rows
+            batches = record_trained_batches(run)
+            return await run.run(), run.metrics.rows, batches
         finally:
             await close(run, client, cluster)
 
-    result, rows = run_async(go())
+    result, rows, batches = run_async(go())
     steps = [r for r in rows if r["kind"] == "step"]
     assert [r["version"] for r in steps] == [1, 2, 3]
     alpha = {"sync": 0, "one_off": 1, "rollart": 1}[mode]
+    check_staleness_by_turns(batches, steps, alpha)  # against the versions the engines stamped on every turn
     for r in steps:
         assert max(int(k) for k in r["staleness"]) <= alpha
         assert r["samples"] > 0 and r["tokens"] > 0
@@ -170,6 +172,35 @@ def test_modes_train_and_publish(address, tmp_path, model_dir, run_async, mode):
     initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     assert trained.keys() == initial.keys()
     assert [k for k in initial if not torch.equal(trained[k], initial[k])]  # ...holding the trained weights, not the initial ones
+
+
+@pytest.mark.parametrize("alpha", [1, 2])
+def test_eager_admission_trains_nothing_older_than_alpha_by_the_engines_version_stamps(address, tmp_path, model_dir, run_async, alpha):
+    """Eager admission (the paper's R4) with torch engines: trajectories outlive the bound and are aborted or evicted;
+    what trains at version n started at ≥ n − α by the version the engine stamped on its first turn. Env steps are
+    slowed (EMULATED latency, 0.2 s) so that trajectories are in flight across weight swaps. With α = 2 some trained
+    trajectories have turns on both sides of a swap; with α = 1 none can: a batch is taken before the engines install
+    the version it trains at, so its trajectories ran entirely at n − 1."""
+    task = {**flow_dict()["tasks"][0], "inject": {"step_latency": {"dist": "constant", "s": 0.2}}}
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "rollout.admission": "eager", "rollout.alpha": alpha,
+                                      "trainer.steps": 5, "tasks": [task]}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            batches = record_trained_batches(run)
+            return await run.run(), run.metrics.rows, batches
+        finally:
+            await close(run, client, cluster)
+
+    result, rows, batches = run_async(go())
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["version"] for r in steps] == [1, 2, 3, 4, 5] and result["steps"] == 5
+    spanning = check_staleness_by_turns(batches, steps, alpha)
+    assert all(len(b) == 2 * 4 for b in batches)  # batch_groups × G trajectories per step
+    assert result["counts"].get("aborted_stale", 0) + result["counts"].get("evicted_stale", 0) > 0  # the bound did bite
+    if alpha >= 2:
+        assert spanning > 0, "no trained trajectory had turns on both sides of a weight swap"
 
 
 def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):

@@ -40,7 +40,7 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
     with Client(address) as client:
         t0 = client.run_on_scheduler(time.time)
         with get_task_stream(client) as stream:
-            run = rollart_dask.entry.launch(flow_dict(**{"trainer.steps": 3}), client=client, out=tmp_path)
+            run = rollart_dask.launch(flow_dict(**{"trainer.steps": 3}), client=client, out=tmp_path)
             result = run.wait(timeout=300)
         assert result["steps"] == 3
         spans = client.run_on_scheduler(spans_since, t0=t0)

@@ -1,4 +1,6 @@
-"""Weight publication without a cluster: buckets, checksums, the manifest; config errors."""
+"""Weight publication without a cluster: buckets, checksums, the manifest; config errors; the transfer timing."""
+import asyncio
+
 import pytest
 import torch
 
@@ -58,3 +60,61 @@ def test_the_emulated_trainers_marker_is_published_labelled_as_pickle():
 def test_weights_config_errors_name_the_key_and_what_is_allowed(over, needle):
     with pytest.raises(FlowError, match=needle.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
         load_flow(data=flow_dict(**over))
+
+
+class _Dispatcher:
+    """Stands in for the run's Dispatcher: every submitted task is a future the test completes by name."""
+
+    def __init__(self):
+        self.tasks: dict[str, list] = {}
+
+    def submit_one(self, name, fn, *args, pool=None, worker=None):
+        fut = asyncio.get_running_loop().create_future()
+        self.tasks.setdefault(name, []).append(fut)
+        return fut
+
+    def finish(self, name, result):
+        for fut in self.tasks[name]:
+            fut.set_result(result)
+
+
+@pytest.mark.parametrize("loop_waits", ["before Train is done", "during the pull", "after the pull"])
+def test_waited_is_the_part_of_the_transfer_the_loop_waited_through(tmp_path, loop_waits):
+    """transfer_s runs from Train done to the last engine staged; waited_s is the part of that window in which the
+    loop was waiting, so 0 ≤ waited_s ≤ transfer_s however the two overlap (a run once measured 0.213 > 0.206 when
+    they were timed from different instants). Wall-clock sleeps only order the events; no bound depends on them."""
+    from rollart_dask.data.weights.store import WeightStore
+
+    cfg = load_flow(data=flow_dict()).weights
+
+    async def go():
+        d = _Dispatcher()
+        store = WeightStore(cfg, d, "trainer", tmp_path)
+        train = asyncio.get_running_loop().create_future()
+        store.publish(1, {"engine-0": "H800", "engine-1": "H20"}, after=train)
+        waiter = asyncio.ensure_future(store.wait_staged()) if loop_waits == "before Train is done" else None
+        await asyncio.sleep(0.2)
+        train.set_result({"version": 1})  # Train done: the transfer starts
+        await asyncio.sleep(0.05)
+        d.finish("publish-weights", {"bytes": 123, "buckets": [{}, {}], "publish_s": 0.01})
+        await asyncio.sleep(0.05)
+        if loop_waits == "during the pull":
+            waiter = asyncio.ensure_future(store.wait_staged())
+        await asyncio.sleep(0.1)
+        d.finish("stage-weights", {"stage_s": 0.1})
+        if loop_waits == "after the pull":
+            await asyncio.sleep(0.2)
+            waiter = asyncio.ensure_future(store.wait_staged())
+        return await waiter, store.summary()
+
+    row, summary = asyncio.run(go())
+    assert row["version"] == 1 and row["engines"] == 2 and row["buckets"] == 2 and "_window" not in row
+    assert 0.0 <= row["waited_s"] <= row["transfer_s"] and row["hidden_s"] == pytest.approx(row["transfer_s"] - row["waited_s"])
+    assert row["transfer_s"] >= 0.2 - 0.01  # publish + pull: at least the 0.05 + 0.05 + 0.1 s slept between them
+    if loop_waits == "before Train is done":  # waited through the whole transfer (and the Train before it, which is not transfer)
+        assert row["waited_s"] == row["transfer_s"] and row["hidden_s"] == 0.0
+    elif loop_waits == "during the pull":
+        assert 0.0 < row["waited_s"] < row["transfer_s"]
+    else:
+        assert row["waited_s"] == 0.0 and row["hidden_s"] == row["transfer_s"]
+    assert 0.0 <= summary["waited_s"] <= summary["transfer_s"] and 0.0 <= summary["hidden_fraction"] <= 1.0

@@ -91,7 +91,7 @@ class Dispatcher:
     async def call(self, stage: str, fn, item, pool: str, worker: str | None = None, timeout: float | None = None, streamed: bool = False):
         """Run ``fn([item])[0]`` on a worker of ``pool`` (or exactly ``worker``); raise CallFailed on an item error.
         ``streamed``: ``fn(items, topic)`` starts the items and answers each on ``topic`` (see the module doc).
-        ``fn`` may also be a route with ``submit(client, args, streamed) -> future`` (services/pd.PDRoute: a prefill
+        ``fn`` may also be a route with ``submit(client, args, streamed) -> future`` (control/proxy.PDRoute: a prefill
         task, then a decode task on ``worker`` that takes its future); ``pool``/``worker`` are then the last task's."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
@@ -148,7 +148,7 @@ class Dispatcher:
         args = ([item for item, _ in batch], self.topic) if streamed else ([item for item, _ in batch],)
         # A coalesced batch is one task: it carries its first caller's span (rollout and evaluation
         # items sharing a batch are counted under the first one's).
-        chained = getattr(fn, "submit", None)  # a route of several tasks (services/pd.py: prefill, then decode on another worker)
+        chained = getattr(fn, "submit", None)  # a route of several tasks (proxy.PDRoute: prefill, then decode on another worker)
         if chained is not None:
             dfut = chained(self.client, args, streamed)
             self.futures += 2

@@ -60,6 +60,7 @@ class Run:
         self.history: list[dict] = []  # evaluations
         self.syncs: list[dict] = []  # one per weight installation: when, from and to which version, phase times
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
+        self.dashboard_url: str | None = None  # the RollArt page, when the entry point registered it
         self.services: wiring.Services | None = None
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)

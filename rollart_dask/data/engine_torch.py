@@ -88,7 +88,7 @@ class TorchEngine(EngineBase):
             self._decode(b)
             return self._finish(b, t0)
 
-    # -- prefill/decode disaggregation (see services/pd.py) -----------------------------------
+    # -- prefill/decode disaggregation (see data/kv.py) -----------------------------------
     @torch.no_grad()
     def prefill(self, requests: list[dict]) -> list[PrefillHandle]:
         """Prefill the prompts and sample each request's first token; returns per request what

@@ -48,7 +48,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
             console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
         if cfg.emulated:
             e = cfg.emulation
-            pools = ", ".join(f"{p}: {s.gpus}x{s.gpu} tp{s.tp}/worker" for p, s in e.pools.items() if p in s.layout)
+            pools = ", ".join(f"{p}: {ep.gpus}x{ep.gpu} tp{ep.tp}/worker" for p, ep in e.pools.items() if p in s.layout)
             emulated["hardware"] = f"{e.model} on {pools}; trainer {e.trainer.gpus}x{e.trainer.gpu}; time_scale {e.time_scale}"
             console.print(f"[bold yellow]EMULATED[/bold yellow] hardware timing (no model runs): {emulated['hardware']}")
         write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": s.engine_backend, "engines": s.layout,

@@ -1,4 +1,4 @@
-"""The Python API for notebooks and scripts: ``run = rollart_dask.entry.launch(flow)`` returns at once.
+"""The Python API for notebooks and scripts: ``run = rollart_dask.launch(flow)`` returns at once.
 
 The run lives in a background thread with its own event loop (Dask's asynchronous client), so a
 notebook kernel stays free; with ``client=`` it joins the scheduler of a ``distributed.Client``

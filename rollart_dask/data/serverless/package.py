@@ -34,8 +34,8 @@ def reward_module(reward: str) -> str:
         return reward
     from rollart_dask.registry import REWARDS
 
-    target = REWARDS.get(reward)
-    return target.split(":", 1)[0] if isinstance(target, str) else reward
+    target = REWARDS.entries().get(reward)
+    return target.split(":", 1)[0] if target else reward
 
 
 def handler_for(reward: str) -> str:

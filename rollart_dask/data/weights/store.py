@@ -4,8 +4,11 @@ After a Train the trainer publishes version n (bucketed, manifest with checksums
 engine stages it in the background: the loop does not wait, engines keep generating with
 n−1 and the next Train starts as soon as the publish has read the weights. Before the next
 Suspend the loop waits for what is not staged yet (``waited_s``; rollout and that Train go on
-meanwhile), then Update only swaps. ``transfer_s`` runs from Train done to the last engine
-staged; ``hidden_s = transfer_s − waited_s`` is the part done before the loop needed it.
+meanwhile), then Update only swaps. Both figures are cut from the same two instants, so that
+0 ≤ ``waited_s`` ≤ ``transfer_s`` by construction: the transfer runs from Train done (``t0``) to the
+last engine staged (``done``), and ``waited_s`` is the part of that window during which the loop was
+waiting for it (from ``max(t0, the loop started waiting)`` to ``done``; the loop's own wake-up after
+``done`` is not transfer). ``hidden_s = transfer_s − waited_s`` is the part done before the loop needed it.
 """
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ class WeightStore:
         done = time.monotonic()
         return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(staged),
                 "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
-                "transfer_s": done - t0, "setup": setup}
+                "transfer_s": done - t0, "setup": setup, "_window": (t0, done)}
 
     async def wait_staged(self) -> dict:
         """Before Update: wait for the rest of the pull (``waited_s``; rollout and training go on meanwhile); its transfer record.
@@ -89,8 +92,9 @@ class WeightStore:
         except asyncio.TimeoutError:
             raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
                                f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
-        waited = time.monotonic() - t0
-        row = {**row, "waited_s": waited, "hidden_s": max(row["transfer_s"] - waited, 0.0)}
+        start, done = row["_window"]  # the transfer's own instants (_timed): waited_s is the part of it the loop waited through
+        waited = max(0.0, done - max(start, t0))
+        row = {**{k: v for k, v in row.items() if k != "_window"}, "waited_s": waited, "hidden_s": row["transfer_s"] - waited}
         self.transfers.append(row)
         return row
 

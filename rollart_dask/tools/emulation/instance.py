@@ -122,7 +122,7 @@ class EmulatedEngine:
                 self.stats[k] = v
         return out
 
-    # -- prefill/decode disaggregation (services/pd.py), modelled ---------------------------------------
+    # -- prefill/decode disaggregation (data/kv.py), modelled ---------------------------------------
     def prefill(self, requests: list[dict]) -> list[PrefillHandle]:
         """The prefill (compute-bound, this instance's GPU) and first token of each request; the handle carries
         the KV size from the model profile (nothing real to ship) and the modelled times, labelled emulated."""

@@ -19,12 +19,19 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rollart_dask.tools.lambda_local.api import FunctionConfig
 
-if TYPE_CHECKING:
-    from rollart_dask.tools.lambda_local.service import LocalLambda
+
+
+class PoolHost(Protocol):
+    """What a pool reads of the service that owns it (service.LocalLambda)."""
+
+    state_dir: Path
+    default_concurrency: int
+    started: float
+    keep_warm_s: float
 
 BOOTSTRAP = str(Path(__file__).with_name("_bootstrap.py"))
 ENV_PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SYSTEMROOT")
@@ -136,7 +143,7 @@ class Throttled(Exception):
 class FunctionPool:
     """The execution environments of one function and its concurrency accounting."""
 
-    def __init__(self, service: LocalLambda, cfg: FunctionConfig):
+    def __init__(self, service: PoolHost, cfg: FunctionConfig):
         self.service, self.cfg = service, cfg
         self.idle: list[Environment] = []  # LIFO: the most recent stays warm, the rest age out
         self.envs: set[Environment] = set()
