@@ -45,7 +45,8 @@ def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
     assert rows[-1]["kind"] == "eval" and rows[-1]["version"] == 4
     v4 = load_file(f"{(out / 'checkpoints' / 'latest').read_text().strip()}/model.safetensors")
     # one step on top of v3's weights, not one step from the initial weights (three steps away)
-    assert distance(v4, v3) < distance(v4, initial), (distance(v4, v3), distance(v4, initial))
+    from_v3, from_initial = distance(v4, v3), distance(v4, initial)
+    assert from_v3 < from_initial, (from_v3, from_initial)
 
 
 def distance(a: dict, b: dict) -> float:

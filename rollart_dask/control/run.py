@@ -146,7 +146,7 @@ class Run:
             return False
         await self.suspend(rec)  # 2. Suspend
         await self.update_weights(rec)  # 3. Update weights
-        self.resume_rollout(rec)  # 4. Resume
+        await self.resume_rollout(rec)  # 4. Resume
         await self.recompute_kv(rec)  # 5. Recompute KV
         await self.train(batch, rec)  # 6. Train
         return True
@@ -200,7 +200,7 @@ class Run:
             await self.services.proxy.update_weights(self.published)
         self._sync["update_s"] = time.perf_counter() - t0
 
-    def resume_rollout(self, rec: StepRecord | None) -> None:
+    async def resume_rollout(self, rec: StepRecord | None) -> None:
         """4. Generation goes on; trajectories the new version makes too stale are aborted now."""
         if not self.services.proxy.suspended:
             return
@@ -246,13 +246,13 @@ class Run:
         (fut, rec), self._training = self._training, None
         s = self.services
         t0 = time.perf_counter()
-        with phases.phase(self._step_span, "wait-train"):
+        with phases.phase(self._step_span, "wait-train"):  # the publish's tasks (and the engines' pulls) nest here too
             metrics = await asyncio.wait_for(fut, 600)
-        rec.phases["wait_train_s"] = time.perf_counter() - t0
-        self.published = rec.version = int(metrics.pop("version"))
+            rec.phases["wait_train_s"] = time.perf_counter() - t0
+            self.published = rec.version = int(metrics.pop("version"))
+            s.weights.publish(self.published, s.proxy.pool_of, after=fut)
         rec.train = metrics
         self.telemetry.train_busy_s += metrics["train_s"]
-        s.weights.publish(self.published, s.proxy.pool_of, after=fut)
         every = self.cfg.trainer.checkpoint_every
         if every and self.published % every == 0:
             await self.checkpoint(after=fut)
@@ -264,7 +264,7 @@ class Run:
         """Steps 2–5 outside a step: after set-up's restore or warm start, for α = 0, and at the end."""
         await self.suspend(rec)
         await self.update_weights(rec)
-        self.resume_rollout(rec)
+        await self.resume_rollout(rec)
         await self.recompute_kv(rec)
 
     # -- evaluation ---------------------------------------------------------------------------------
