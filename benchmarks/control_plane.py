@@ -9,6 +9,13 @@ scheduler: SpecCluster starts it in-process) and the worker processes.
 
     python benchmarks/control_plane.py                      # 256, 1024, 4096 in flight
     python benchmarks/control_plane.py --inflight 256 --steps 3
+    python benchmarks/control_plane.py --compare            # and the bare transport beside it, alternating
+
+``--compare`` measures, in the same process and on the same embedded cluster, a bare coalescing loop:
+the same number of trajectories in flight, 4 turns of generate + env.step each, the calls of one
+event-loop tick to one service sent as one Dask task (resource-annotated, gathered) whose answers are
+nothing — no runtime at all. It alternates bare and runtime three times per size and prints
+runtime / bare: what the runtime's own bookkeeping costs on top of the transport it stands on.
 """
 from __future__ import annotations
 
@@ -81,13 +88,104 @@ async def measure(inflight: int, steps: int, out: Path) -> dict:
             "cpu_s": {"client+scheduler": cpu1[0] - cpu0[0], "workers": workers}}
 
 
+def null_batch(items: list) -> list:
+    """The bare loop's service: answers every item of the batch with nothing."""
+    return [None] * len(items)
+
+
+async def bare_loop(client, inflight: int, seconds: float, turns: int = 4) -> dict:
+    """Trajectories of ``turns`` × (generate on H800, env.step on CPU) kept ``inflight`` at a time for
+    ``seconds``; each service's calls of one tick go out as one task. Returns turns/s and per-call latency."""
+    loop = asyncio.get_running_loop()
+    pools = {"generate": "H800", "env-step": "CPU"}
+    pending: dict[str, list] = {svc: [] for svc in pools}
+    latency: list[float] = []
+    done_turns = 0
+    stop_at = time.monotonic() + seconds
+
+    def flush(svc: str) -> None:
+        futs, pending[svc] = pending[svc], []
+        dfut = client.submit(null_batch, [None] * len(futs), resources={pools[svc]: 1}, pure=False)
+
+        async def collect() -> None:
+            await dfut
+            for f in futs:
+                f.set_result(None)
+
+        asyncio.ensure_future(collect())
+
+    async def call(svc: str) -> None:
+        fut = loop.create_future()
+        bucket = pending[svc]
+        bucket.append(fut)
+        if len(bucket) == 1:
+            loop.call_soon(flush, svc)
+        t0 = time.perf_counter()
+        await fut
+        latency.append(time.perf_counter() - t0)
+
+    async def trajectories() -> None:
+        nonlocal done_turns
+        while time.monotonic() < stop_at:
+            for _ in range(turns):
+                await call("generate")
+                await call("env-step")
+            done_turns += turns
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(trajectories() for _ in range(inflight)))
+    wall = time.monotonic() - t0
+    latency.sort()
+    return {"turns": done_turns, "wall_s": wall, "turns_per_s": done_turns / wall,
+            "call_p50_ms": 1e3 * latency[len(latency) // 2], "call_p99_ms": 1e3 * latency[int(len(latency) * 0.99)]}
+
+
+async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path) -> list[dict]:
+    """Bare loop and runtime alternating ``rounds`` times per size, the bare loop on a cluster of the same spec."""
+    cfg = load_flow(data=json.loads(json.dumps(FLOW)))
+    rows = []
+    for n in sizes:
+        for r in range(rounds):
+            rt = await measure(n, steps, out)
+            client, cluster = await connect(cfg.cluster)
+            try:
+                bare = await bare_loop(client, n, seconds=max(5.0, rt["wall_s"] / 2))
+            finally:
+                await client.close()
+                await cluster.close()
+            row = {"inflight": n, "round": r + 1, "bare_turns_per_s": bare["turns_per_s"], "runtime_turns_per_s": rt["turns_per_s"],
+                   "ratio": rt["turns_per_s"] / bare["turns_per_s"], "bare_call_p50_ms": bare["call_p50_ms"],
+                   "bare_call_p99_ms": bare["call_p99_ms"], "runtime_generate_p50_ms": rt["generate_p50_ms"],
+                   "runtime_env_step_p50_ms": rt["env_step_p50_ms"]}
+            console.print(row)
+            rows.append(row)
+    return rows
+
+
 @click.command()
 @click.option("--inflight", multiple=True, type=int, default=(256, 1024, 4096), show_default=True, help="trajectories in flight")
 @click.option("--steps", default=4, show_default=True)
 @click.option("--out", default="runs/bench-control-plane", show_default=True)
-def main(inflight, steps, out):
+@click.option("--compare", "compare_", is_flag=True, help="alternate the bare coalescing loop and the runtime, three rounds per size")
+@click.option("--rounds", default=3, show_default=True, help="with --compare: rounds per size")
+def main(inflight, steps, out, compare_, rounds):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if compare_:
+        rows = asyncio.run(compare(tuple(inflight), steps, rounds, out))
+        from rich.table import Table
+
+        table = Table(title="runtime vs bare coalescing loop (null services, 4 turns per trajectory; same cluster spec)")
+        for col in ("in flight", "round", "bare turns/s", "runtime turns/s", "runtime / bare", "bare call p50 / p99 ms",
+                    "runtime generate / env.step p50 ms"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(str(r["inflight"]), str(r["round"]), f"{r['bare_turns_per_s']:.0f}", f"{r['runtime_turns_per_s']:.0f}",
+                          f"{r['ratio']:.2f}", f"{r['bare_call_p50_ms']:.1f} / {r['bare_call_p99_ms']:.1f}",
+                          f"{r['runtime_generate_p50_ms']:.1f} / {r['runtime_env_step_p50_ms']:.1f}")
+        console.print(table)
+        (out / "compare.json").write_text(json.dumps(rows, indent=2))
+        return
     results = []
     for n in inflight:
         console.print(f"[bold]{n} trajectories in flight[/bold] (null engine, null env, 4 turns each)")

@@ -20,6 +20,7 @@ import uuid
 from collections import defaultdict
 
 from rollart_dask.control.phases import current_span_id, first_caller_span, within
+from rollart_dask.data.tasks import failure
 from rollart_dask.resource.pools import submit_kwargs
 
 
@@ -114,9 +115,13 @@ class Dispatcher:
             self._launch(key, [(item, fut)])
         t0 = time.perf_counter()
         try:
-            status, value = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            # not wait_for: on Python 3.11 it returns the result when the caller is cancelled in the tick its
+            # answer lands, swallowing the cancel (a cancelled trajectory would go on holding its env slot).
+            # A cancelled caller cancels ``fut``: a flush still pending drops the item (_flush).
+            async with asyncio.timeout(timeout):
+                status, value = await fut
             self.latency[stage].append(time.perf_counter() - t0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TimeoutError(f"{stage} on {worker or pool} gave no answer in {timeout:.0f}s") from None
         finally:
             if worker is not None:
@@ -132,11 +137,19 @@ class Dispatcher:
         # (a service runs one batch at a time anyway; more futures would only queue behind it).
         if self._inflight[key] >= self.max_inflight:
             return
-        batch = self._pending.pop(key, [])
-        if batch:
-            self._inflight[key] += 1
-            with within(self._bucket_span.pop(key, None)):  # not the span of whatever triggered this flush
+        span = self._bucket_span.pop(key, None)
+        batch = [(item, f) for item, f in self._pending.pop(key, []) if not f.done()]  # callers cancelled or timed out meanwhile
+        if not batch:
+            return
+        self._inflight[key] += 1
+        try:
+            with within(span):  # not the span of whatever triggered this flush
                 self._launch(key, batch, done=lambda: self._batch_done(key))
+        except Exception as e:  # nothing was launched: give the slot back and answer every caller
+            self._batch_done(key)
+            for _, f in batch:
+                if not f.done():
+                    f.set_result(failure(e))
 
     def _batch_done(self, key: tuple) -> None:
         self._inflight[key] -= 1
@@ -168,7 +181,7 @@ class Dispatcher:
         try:
             results = await dfut
         except Exception as e:  # the task itself failed (worker died, deserialisation…)
-            results = [("err", f"{type(e).__name__}: {e}")] * len(futs)
+            results = [failure(e)] * len(futs)
         finally:
             if worker is not None:
                 self._dask[worker].discard(dfut)

@@ -84,13 +84,21 @@ class Launcher:
         for gid, tid in orders.launch:
             g = self.buffer.groups[gid]
             traj = Trajectory(id=tid, group_id=gid, task=g.task, seed=g.seed)
-            self.members[tid] = asyncio.ensure_future(self._member(traj, self.tasks[g.task], barrier))
+            member = self.members[tid] = asyncio.ensure_future(self._member(traj, self.tasks[g.task], barrier))
+            # on the task, not in the coroutine: a member cancelled before its first step never runs its body
+            member.add_done_callback(lambda _, tid=tid: self._member_ended(tid))
         if orders.cancel:
             asyncio.ensure_future(self._cancel(orders.cancel))
             for tid in orders.cancel:
                 task = self.members.get(tid)
                 if task is not None:
                     task.cancel()
+        self.wake()  # what the buffer did may have dropped a group: room to admit another
+
+    def _member_ended(self, tid: str) -> None:
+        self.members.pop(tid, None)
+        self.batch_ready.set()
+        self._wake.set()
 
     async def _cancel(self, traj_ids: list[str]) -> None:
         """Abort the engine requests of cancelled trajectories; a failed abort is counted (the request
@@ -122,10 +130,6 @@ class Launcher:
                 console.print(f"[yellow]trajectory {traj.id} ({traj.task}) failed: {e}[/yellow]")
             self.counts[reason] += 1
             orders = self.buffer.failed(traj.id, "failed")
-        finally:
-            self.members.pop(traj.id, None)
-            self.batch_ready.set()
-            self._wake.set()
         self.carry_out(orders)
 
     def drain_trajectory_s(self) -> dict:

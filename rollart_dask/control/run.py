@@ -276,7 +276,7 @@ class Run:
         async def one(task: TaskConfig) -> dict:
             n = task.eval_seeds or self.cfg.eval.seeds
             seeds = range(self.cfg.eval.start_seed, self.cfg.eval.start_seed + n)
-            trajs = [Trajectory(id=f"eval-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
+            trajs = [Trajectory(id=f"eval-{self.run_id}-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
             results = await asyncio.gather(*(em.run(t, task, greedy=True) for t in trajs), return_exceptions=True)
             ok = [r for r in results if isinstance(r, Trajectory)]
             return {"success": sum(float(t.success) for t in ok) / n, "reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),

@@ -3,8 +3,43 @@ the cooperative abort set, and the counters the run reads for pool utilisation."
 from __future__ import annotations
 
 import functools
+import threading
+import time
 
 from rollart_dask.data.encoding import chat_prompt_ids
+
+
+class RecentAborts:
+    """The ids of aborted requests, each kept for ``ttl_s``. An abort and its request are separate Dask
+    tasks, so the abort can reach the engine first: the request must then end at once when it comes,
+    not run to completion (and Suspend wait for it). Ids of requests that never come expire."""
+
+    def __init__(self, ttl_s: float = 600.0):
+        self.ttl_s = ttl_s
+        self._at: dict[str, float] = {}  # id → when aborted; insertion order = oldest first
+        self._lock = threading.Lock()  # aborts come on the worker's event loop, requests end on engine threads
+
+    def update(self, ids) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for rid in ids:
+                self._at.pop(rid, None)
+                self._at[rid] = now
+            while self._at:  # expire the oldest
+                rid, t = next(iter(self._at.items()))
+                if now - t < self.ttl_s:
+                    break
+                del self._at[rid]
+
+    def discard(self, rid: str) -> None:
+        with self._lock:
+            self._at.pop(rid, None)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._at
+
+    def __len__(self) -> int:
+        return len(self._at)
 
 
 class EngineBase:
@@ -14,11 +49,12 @@ class EngineBase:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.version = 0
-        self._aborted: set[str] = set()
+        self._aborted = RecentAborts()
         self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0}
 
     def abort(self, request_ids: list[str]) -> int:
-        """Cooperative: the engine checks the set while it decodes (Dask cannot stop a running task)."""
+        """Cooperative: the engine checks the ids while it decodes (Dask cannot stop a running task), and when a
+        request arrives after its abort."""
         self._aborted.update(request_ids)
         return len(request_ids)
 

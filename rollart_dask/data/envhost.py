@@ -9,7 +9,9 @@ import functools
 import json
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 from envs.inject import Injected, parse_spec
 
@@ -21,14 +23,27 @@ def _spec(spec_json: str):
     return parse_spec(json.loads(spec_json))  # validated once per worker, not per reset
 
 
+class Superseded(RuntimeError):
+    """A reset attempt that a later attempt (a retry after a timeout) or a close overtook: its env is closed."""
+
+
 class EnvHost:
+    """Calls of one trajectory may overlap on the host: a reset retried after a timeout runs beside the
+    attempt that timed out, and a close (the trajectory was cancelled) can come during a step. So the
+    latest reset attempt wins and an overtaken one closes the env it made (none leaks, and the env
+    kept is the one whose observation the control plane got); steps and closes of a trajectory take
+    turns; a reset that comes after its trajectory's close is refused."""
+
     def __init__(self, threads: int = 64):
         self.envs: dict[str, object] = {}
-        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0}
+        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0, "superseded": 0}
         # Every call on its own thread: envs wait on containers, networks and sandboxes far more than
         # they compute, and one slow env.step must not delay any other (see dispatch.py, streamed calls).
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="envhost")
         self._lock = threading.Lock()
+        self._attempt: OrderedDict[str, int] = OrderedDict()  # trajectory → its latest reset attempt (recent ones)
+        self._turns: dict[str, list] = {}  # trajectory → [lock, holders]: its step and close take turns
+        self._closed: OrderedDict[str, None] = OrderedDict()  # trajectories closed by the control plane (recent ones)
 
     def _count(self, kind: str, t0: float) -> None:
         with self._lock:  # calls of a batch finish on several threads
@@ -37,36 +52,88 @@ class EnvHost:
             self.stats[f"{kind}_s"] += dt
             self.stats["busy_s"] += dt  # env-seconds: over 1 per wall second when calls overlap
 
+    @contextmanager
+    def _turn(self, traj_id: str):
+        with self._lock:
+            entry = self._turns.setdefault(traj_id, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._turns[traj_id]
+
     def reset(self, item: dict) -> tuple[str, dict]:
         t0 = time.perf_counter()
-        self.close(item["traj_id"])
+        tid, attempt = item["traj_id"], int(item.get("attempt", 0))
+        with self._lock:
+            if tid in self._closed:
+                raise Superseded(f"trajectory {tid} was closed: reset attempt {attempt} refused")
+            if attempt < self._attempt.get(tid, -1):
+                raise Superseded(f"reset attempt {attempt} of {tid} came after attempt {self._attempt[tid]}")
+            remember(self._attempt, tid, attempt)  # kept after the episode: a late earlier attempt is still refused
         env = make_env(item["env"], **item.get("env_args", {}))
-        if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
-            env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
-            obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{item.get('attempt', 0)}")
-        else:
-            obs, info = env.reset(seed=item["seed"])
-        self.envs[item["traj_id"]] = env
-        info = dict(info)
-        info["action_choices"] = list(getattr(env, "action_choices", None) or [])
+        try:
+            if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
+                env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
+                obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
+            else:
+                obs, info = env.reset(seed=item["seed"])
+            info = dict(info)
+            info["action_choices"] = list(getattr(env, "action_choices", None) or [])
+        except BaseException:
+            env.close()
+            raise
+        with self._lock:
+            current = self._attempt.get(tid) == attempt and tid not in self._closed
+            if current:  # kept; an earlier attempt's env, if any, is closed instead
+                env, self.envs[tid] = self.envs.get(tid), env
+            else:
+                self.stats["superseded"] += 1
+        if env is not None:
+            env.close()
+        if not current:
+            raise Superseded(f"reset attempt {attempt} of {tid} was overtaken by a later attempt or a close")
         self._count("resets", t0)
         return obs, info
 
     def step(self, item: dict) -> tuple[str, float, bool, bool, dict]:
         t0 = time.perf_counter()
-        env = self.envs.get(item["traj_id"])
-        if env is None:
-            raise KeyError(f"no env for trajectory {item['traj_id']} on this worker (lost with a restart?)")
-        obs, reward, terminated, truncated, info = env.step(item["action"])
-        if terminated or truncated or item.get("last"):
-            self.close(item["traj_id"])
+        tid = item["traj_id"]
+        with self._turn(tid):
+            env = self.envs.get(tid)
+            if env is None:
+                raise KeyError(f"no env for trajectory {tid} on this worker (closed, or lost with a restart?)")
+            obs, reward, terminated, truncated, info = env.step(item["action"])
+            if terminated or truncated or item.get("last"):
+                self._drop(tid)
         self._count("steps", t0)
         return obs, float(reward), bool(terminated), bool(truncated), dict(info)
 
     def close(self, traj_id: str) -> None:
-        env = self.envs.pop(traj_id, None)
+        """The control plane is done with this trajectory (cancelled or failed): after any step in progress,
+        its env is closed, and a reset attempt still running or yet to come closes its own."""
+        with self._lock:
+            remember(self._closed, traj_id, None)  # at once: a reset finishing meanwhile sees it
+        with self._turn(traj_id):
+            self._drop(traj_id)
+
+    def _drop(self, traj_id: str) -> None:
+        with self._lock:
+            env = self.envs.pop(traj_id, None)
         if env is not None:
             env.close()
+
+
+def remember(recent: OrderedDict, key, value, keep: int = 65536) -> None:
+    """Record ``key`` in a bounded map of recent trajectories (the oldest, long over, are forgotten)."""
+    recent[key] = value
+    recent.move_to_end(key)
+    while len(recent) > keep:
+        recent.popitem(last=False)
 
 
 def expert_demos(item: dict) -> list[dict]:

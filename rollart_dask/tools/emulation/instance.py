@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from rollart_dask.data.engine_base import RecentAborts
 from rollart_dask.data.kv import PrefillHandle, StaleKVError
 from rollart_dask.tools.emulation.batch import ContinuousBatch, Seq
 from rollart_dask.tools.emulation.hardware import (
@@ -61,7 +62,8 @@ class EmulatedEngine:
         self.version = 0
         self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0, "emulated_busy_s": 0.0, "engine": self.label,
                       "gpu": gpu.name, "model": model.name, "time_scale": self.time_scale}
-        self._aborted: set[str] = set()
+        self._aborted = RecentAborts()  # every abort, for a while: one may come before its request
+        self._fresh_aborts: set[str] = set()  # aborts the driver has not applied to the batch yet
         self._cond = threading.Condition()
         self._events: dict[str, threading.Event] = {}
         self._driver: threading.Thread | None = None
@@ -99,6 +101,10 @@ class EmulatedEngine:
                 raise ValueError(f"request {s.rid} needs {s.reserve} KV tokens; the instance holds {self.batch.kv_capacity}")
         with self._cond:
             for s in seqs:
+                if s.rid in self._aborted:  # its abort came first: it ends now, never queued
+                    s.finish, s.t_done = "abort", s.arrival
+                    self._aborted.discard(s.rid)
+                    continue
                 self.batch.submit(s)
                 ev = self._events[s.rid] = threading.Event()
                 events.append(ev)
@@ -206,6 +212,7 @@ class EmulatedEngine:
         """Cooperative like the real engines: requests end at the next step boundary."""
         with self._cond:
             self._aborted.update(request_ids)
+            self._fresh_aborts.update(request_ids)
             self._cond.notify_all()
         return len(request_ids)
 
@@ -262,13 +269,15 @@ class EmulatedEngine:
                     self._release(done)
 
     def _apply_aborts(self) -> None:
-        if not self._aborted:
+        if not self._fresh_aborts:
             return
         live = {s.rid for s in self.batch.waiting} | set(self.batch.running)
-        hit = self._aborted & live
+        hit = self._fresh_aborts & live
         if hit:
             self._release(self.batch.abort(hit))
-        self._aborted.clear()  # ids of requests already done (or on another instance) would pile up forever
+            for rid in hit:
+                self._aborted.discard(rid)
+        self._fresh_aborts.clear()  # the rest: done already, on another instance, or not come yet (kept in _aborted)
 
     def _busy(self, emulated_s: float) -> None:
         self.stats["emulated_busy_s"] += emulated_s
