@@ -10,6 +10,7 @@ scheduler: SpecCluster starts it in-process) and the worker processes.
     python benchmarks/control_plane.py                      # 256, 1024, 4096 in flight
     python benchmarks/control_plane.py --inflight 256 --steps 3
     python benchmarks/control_plane.py --compare            # and the bare transport beside it, alternating
+    python benchmarks/control_plane.py --service-bound      # 128 in flight, 50 ms / 10 ms services: added latency per call
 
 ``--compare`` measures, in the same process and on the same embedded cluster, a bare coalescing loop:
 the same number of trajectories in flight, 4 turns of generate + env.step each, the calls of one
@@ -37,7 +38,7 @@ from rollart_dask.observe import console
 
 FLOW = {
     "name": "control-plane",
-    "engine": {"backend": "emulated"},
+    "engine": {"backend": "null"},
     "trainer": {"backend": "emulated"},
     "emulation": {"time_scale": 0.0, "pools": {"H800": {"gpu": "H800", "gpus": 8}, "H20": {"gpu": "H20", "gpus": 8}}},
     "rollout": {"mode": "rollart", "alpha": 1, "admission": "eager", "group_size": 8},
@@ -60,9 +61,22 @@ def _client_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def measure(inflight: int, steps: int, out: Path) -> dict:
+# Service-bound: each generate takes 50 ms and each env.step 10 ms (emulated seconds at time scale 0.01: 5 s and 1 s),
+# so what a call waits beyond that is what the control plane adds.
+SERVICE_BOUND = {"generate_ms": 50.0, "env_step_ms": 10.0, "time_scale": 0.01}
+
+
+def service_bound_overrides() -> list[str]:
+    ts = SERVICE_BOUND["time_scale"]
+    step = {"step_latency": {"dist": "constant", "s": SERVICE_BOUND["env_step_ms"] / 1e3 / ts}}
+    return [f"emulation.time_scale={ts}", f"emulation.null_generate_s={SERVICE_BOUND['generate_ms'] / 1e3 / ts}",
+            f"tasks.0.inject={json.dumps(step)}"]
+
+
+async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = ()) -> dict:
     # eager α=1 keeps up to 2 batches of groups untrained: in flight ≈ 2 × batch_groups × 8
-    cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}"])
+    cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}",
+                                                                   *overrides])
     run_dir = out / f"inflight-{inflight}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
@@ -70,22 +84,26 @@ async def measure(inflight: int, steps: int, out: Path) -> dict:
     try:
         run = Run(cfg, client, run_dir, prepare_model(cfg), start_endpoint=start_local_endpoint)
         await run.setup()
-        cpu0 = (_client_cpu_s(), await client.run(_cpu_s))
+        cpu0 = (_client_cpu_s(), await client.run(_cpu_s), await client.run_on_scheduler(_cpu_s))
         t0 = time.monotonic()
         await run.run()
         wall = time.monotonic() - t0
-        cpu1 = (_client_cpu_s(), await client.run(_cpu_s))
+        cpu1 = (_client_cpu_s(), await client.run(_cpu_s), await client.run_on_scheduler(_cpu_s))
     finally:
         await client.close()
         await cluster.close()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     st = [r for r in rows if r["kind"] == "step"]
     turns = run.counts["turns"]
-    lat = {stage: statistics.median(r["stage_latency"][stage]["p50_ms"] for r in st if stage in r["stage_latency"]) for stage in ("generate", "env-step")}
+    lat = {(stage, q): statistics.median(r["stage_latency"][stage][f"{q}_ms"] for r in st if stage in r["stage_latency"])
+           for stage in ("generate", "env-step") for q in ("p50", "p99")}
     workers = sum(cpu1[1].values()) - sum(cpu0[1].values())
     return {"inflight": inflight, "batch_trajectories": cfg.rollout.batch_groups * 8, "steps": len(st), "turns": turns, "wall_s": wall,
-            "turns_per_s": turns / wall, "generate_p50_ms": lat["generate"], "env_step_p50_ms": lat["env-step"],
-            "cpu_s": {"client+scheduler": cpu1[0] - cpu0[0], "workers": workers}}
+            "turns_per_s": turns / wall, "generate_p50_ms": lat["generate", "p50"], "env_step_p50_ms": lat["env-step", "p50"],
+            "generate_p99_ms": lat["generate", "p99"], "env_step_p99_ms": lat["env-step", "p99"],
+            "tasks_per_turn": run.d.futures / max(turns, 1),
+            "cpu_s": {"client": cpu1[0] - cpu0[0], "scheduler": cpu1[2] - cpu0[2], "workers": workers,
+                      "per_worker": {a: round(cpu1[1][a] - cpu0[1].get(a, 0.0), 2) for a in cpu1[1]}}}
 
 
 def null_batch(items: list) -> list:
@@ -155,11 +173,15 @@ async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path) ->
                 await cluster.close()
             row = {"inflight": n, "round": r + 1, "bare_turns_per_s": bare["turns_per_s"], "runtime_turns_per_s": rt["turns_per_s"],
                    "ratio": rt["turns_per_s"] / bare["turns_per_s"], "bare_call_p50_ms": bare["call_p50_ms"],
-                   "bare_call_p99_ms": bare["call_p99_ms"], "runtime_generate_p50_ms": rt["generate_p50_ms"],
-                   "runtime_env_step_p50_ms": rt["env_step_p50_ms"]}
-            console.print(row)
+                   "bare_call_p99_ms": bare["call_p99_ms"], "runtime": rt}
+            console.print({k: v for k, v in row.items() if k != "runtime"})
             rows.append(row)
     return rows
+
+
+def _cpu_ms_per_turn(r: dict) -> str:
+    c, turns = r["cpu_s"], max(r["turns"], 1)
+    return " / ".join(f"{1e3 * c[k] / turns:.2f}" for k in ("client", "scheduler", "workers"))
 
 
 @click.command()
@@ -168,21 +190,36 @@ async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path) ->
 @click.option("--out", default="runs/bench-control-plane", show_default=True)
 @click.option("--compare", "compare_", is_flag=True, help="alternate the bare coalescing loop and the runtime, three rounds per size")
 @click.option("--rounds", default=3, show_default=True, help="with --compare: rounds per size")
-def main(inflight, steps, out, compare_, rounds):
+@click.option("--service-bound", is_flag=True, help="128 in flight with 50 ms generate and 10 ms env.step: the latency each call adds")
+def main(inflight, steps, out, compare_, rounds, service_bound):
+    from rich.table import Table
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if service_bound:
+        r = asyncio.run(measure(128, steps, out, service_bound_overrides()))
+        added = {"generate": (r["generate_p50_ms"] - SERVICE_BOUND["generate_ms"], r["generate_p99_ms"] - SERVICE_BOUND["generate_ms"]),
+                 "env.step": (r["env_step_p50_ms"] - SERVICE_BOUND["env_step_ms"], r["env_step_p99_ms"] - SERVICE_BOUND["env_step_ms"])}
+        table = Table(title="service-bound: 128 in flight, 50 ms generate (null engine), 10 ms env.step (injected); 2 cores")
+        for col in ("call", "service ms", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"):
+            table.add_column(col)
+        for call, svc, key in (("generate", SERVICE_BOUND["generate_ms"], "generate"), ("env.step", SERVICE_BOUND["env_step_ms"], "env_step")):
+            table.add_row(call, f"{svc:.0f}", f"{r[key + '_p50_ms']:.1f}", f"{r[key + '_p99_ms']:.1f}", f"{added[call][0]:.1f}", f"{added[call][1]:.1f}")
+        console.print(table)
+        (out / "service_bound.json").write_text(json.dumps({**r, "added_ms": added, "service": SERVICE_BOUND}, indent=2))
+        return
     if compare_:
         rows = asyncio.run(compare(tuple(inflight), steps, rounds, out))
-        from rich.table import Table
-
-        table = Table(title="runtime vs bare coalescing loop (null services, 4 turns per trajectory; same cluster spec)")
+        table = Table(title="runtime vs bare coalescing loop (null services, 4 turns per trajectory; same cluster spec, 2 cores)")
         for col in ("in flight", "round", "bare turns/s", "runtime turns/s", "runtime / bare", "bare call p50 / p99 ms",
-                    "runtime generate / env.step p50 ms"):
+                    "runtime generate / env.step p50 / p99 ms", "runtime CPU ms per turn: client / scheduler / workers", "tasks per turn"):
             table.add_column(col)
         for r in rows:
+            rt = r["runtime"]
             table.add_row(str(r["inflight"]), str(r["round"]), f"{r['bare_turns_per_s']:.0f}", f"{r['runtime_turns_per_s']:.0f}",
                           f"{r['ratio']:.2f}", f"{r['bare_call_p50_ms']:.1f} / {r['bare_call_p99_ms']:.1f}",
-                          f"{r['runtime_generate_p50_ms']:.1f} / {r['runtime_env_step_p50_ms']:.1f}")
+                          f"{rt['generate_p50_ms']:.1f} / {rt['env_step_p50_ms']:.1f} / {rt['generate_p99_ms']:.0f} / {rt['env_step_p99_ms']:.0f}",
+                          _cpu_ms_per_turn(rt), f"{rt['tasks_per_turn']:.3f}")
         console.print(table)
         (out / "compare.json").write_text(json.dumps(rows, indent=2))
         return
@@ -191,15 +228,13 @@ def main(inflight, steps, out, compare_, rounds):
         console.print(f"[bold]{n} trajectories in flight[/bold] (null engine, null env, 4 turns each)")
         results.append(asyncio.run(measure(n, steps, out)))
         console.print(results[-1])
-    from rich.table import Table
-
     table = Table(title="control-plane overhead (null engine, null env; 2 cores)")
-    for col in ("in flight", "turns/s", "generate p50 (ms)", "env.step p50 (ms)", "CPU s: client + scheduler", "workers (5)", "wall s"):
+    for col in ("in flight", "turns/s", "generate p50 (ms)", "env.step p50 (ms)", "CPU ms per turn: client / scheduler / workers",
+                "tasks per turn", "wall s"):
         table.add_column(col)
     for r in results:
-        c = r["cpu_s"]
         table.add_row(str(r["inflight"]), f"{r['turns_per_s']:.0f}", f"{r['generate_p50_ms']:.1f}", f"{r['env_step_p50_ms']:.1f}",
-                      f"{c['client+scheduler']:.1f}", f"{c['workers']:.1f}", f"{r['wall_s']:.1f}")
+                      _cpu_ms_per_turn(r), f"{r['tasks_per_turn']:.3f}", f"{r['wall_s']:.1f}")
     console.print(table)
     (out / "results.json").write_text(json.dumps(results, indent=2))
 

@@ -72,8 +72,9 @@ class ModelConfig(Strict):
 
 
 class EngineConfig(Strict):
-    backend: Literal["auto", "torch", "vllm", "emulated"] = Field("auto", description="auto: vllm when importable, else torch (the choice is printed "
-                                                                  "and recorded); emulated: EMULATED hardware timing for system ablations (see emulation:)")
+    backend: Literal["auto", "torch", "vllm", "emulated", "null"] = Field(
+        "auto", description="auto: vllm when importable, else torch (the choice is printed and recorded); emulated: EMULATED hardware "
+                            "timing for system ablations (see emulation:); null: answers at once, no model (control-plane benchmark)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
     constrained: bool = Field(True, description="restrict decoding to the env's action choices")
     max_batch: int = Field(1024, ge=1, description="most requests one engine decodes together")
@@ -298,6 +299,8 @@ class EmulationConfig(Strict):
     model: Literal["Qwen3-8B", "Qwen3-14B", "Qwen3-32B"] = Field("Qwen3-8B", description="model profile (emulation/hardware.py)")
     time_scale: float = Field(0.02, ge=0, description="wall seconds per emulated second (0: no sleeping, a null engine/trainer); "
                                                       "env injection (tasks.*.inject) defaults to the same scale")
+    null_generate_s: float = Field(0.0, ge=0, description="engine.backend=null: emulated seconds each request takes (a fixed service "
+                                                           "time, for the control plane's service-bound benchmark)")
     pools: dict[Literal["H800", "H20"], EmulatedPool] = Field(
         default_factory=lambda: {"H800": EmulatedPool(gpu="H800", gpus=8), "H20": EmulatedPool(gpu="H20", gpus=8)},
         description="per engine pool: the GPUs each of its engine workers emulates")
@@ -348,7 +351,7 @@ class FlowConfig(Strict):
 
     @model_validator(mode="after")
     def _emulated(self):
-        engine, trainer = self.engine.backend == "emulated", self.trainer.backend == "emulated"
+        engine, trainer = self.emulated, self.trainer.backend == "emulated"
         if engine != trainer:  # a real trainer cannot learn from synthetic token ids, nor can emulated timing mix with real
             raise ValueError(f"engine.backend and trainer.backend are emulated together or not at all "
                              f"(got engine.backend={self.engine.backend}, trainer.backend={self.trainer.backend})")
@@ -406,7 +409,8 @@ class FlowConfig(Strict):
 
     @property
     def emulated(self) -> bool:
-        return self.engine.backend == "emulated"
+        """EMULATED (or null) engines and trainer: synthetic tokens, no policy."""
+        return self.engine.backend in ("emulated", "null")
 
 
 class FlowError(ValueError):

@@ -139,12 +139,12 @@ def test_registry_rejects_a_duplicate_name_naming_it():
 
 
 def test_registry_unknown_name_lists_the_allowed_ones():
-    for registry, allowed in ((ENGINES, "emulated, torch, vllm"), (TRAINERS, "emulated, megatron, torch"), (LOSSES, "ppo_clip"),
+    for registry, allowed in ((ENGINES, "emulated, null, torch, vllm"), (TRAINERS, "emulated, megatron, torch"), (LOSSES, "ppo_clip"),
                               (ADVANTAGES, "grpo")):
         with pytest.raises(UnknownName) as err:
             registry.get("nope")
         assert str(err.value) == f"unknown {registry.kind} 'nope'; allowed: {allowed}"
-    with pytest.raises(UnknownName, match="allowed: emulated, torch, vllm"):
+    with pytest.raises(UnknownName, match="allowed: emulated, null, torch, vllm"):
         plugins.EnginePlugin(["H800"], backend="tensorrt", engine=EngineConfig(), model_dir="m")  # in the client, before any worker
 
 

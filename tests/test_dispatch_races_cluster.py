@@ -75,7 +75,7 @@ def test_a_batch_that_cannot_launch_fails_its_callers_and_frees_its_slot(address
         async with Client(address, asynchronous=True) as client:
             d = Dispatcher(client, coalesce=True, max_inflight=1)
             try:
-                with pytest.raises(CallFailed, match="serialize"):  # an item Dask cannot pickle: client.submit raises
+                with pytest.raises(CallFailed, match="pickle"):  # an item that cannot be pickled: the launch raises
                     await d.call("echo", echo, {"n": 0, "lock": threading.Lock()}, pool="CPU", timeout=20)
                 # the one slot of this service is free again: the next call is answered, not timed out
                 return await d.call("echo", echo, {"n": 7}, pool="CPU", timeout=20)

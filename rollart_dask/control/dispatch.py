@@ -3,25 +3,38 @@
 With ``coalesce`` off, every call is its own future (the design card's shape). With it on,
 calls to the same service that arrive in one event-loop tick share one future (a batch
 task), each still resolved on its own: the scheduler sees a few tasks per tick instead of
-one per trajectory (PLATFORM.md: ~15x control-plane throughput on 2 cores).
+one per trajectory.
 
-A ``streamed`` call goes further: its task only *starts* the work on the worker and returns at
-once; each item's answer comes back on its own, as soon as it is ready, as an event on this
-dispatcher's topic (``log_event`` → ``subscribe_topic``). So one slow env.step (or one long
-generation) never holds back the calls that shared its batch — without it a coalesced batch
-is a barrier, which is exactly what trajectory-level asynchrony must not have.
+Calls pinned to a worker (every generate and env call) are answered over the dispatcher's own
+comm to that worker (data/answers.py), not as the task's result: nothing is gathered, and the
+scheduler relays nothing but the task itself. A ``streamed`` call goes further: its task only
+*starts* the items and returns at once; each item's answer leaves the worker as soon as it is
+ready, so one slow env.step (or one long generation) never holds back the calls that shared its
+batch — without it a coalesced batch is a barrier, which trajectory-level asynchrony must not have.
+Calls to a pool (rewards) get their answers as the task's result.
 """
 from __future__ import annotations
 
 import asyncio
+import inspect
+import itertools
+import logging
 import pickle
 import time
 import uuid
 from collections import defaultdict
 
+from distributed import wait
+from distributed.comm import connect
+
 from rollart_dask.control.phases import current_span_id, first_caller_span, within
-from rollart_dask.data.tasks import failure
+from rollart_dask.data.answers import HANDLER, PLUGIN, AnswersPlugin
+from rollart_dask.data.tasks import failure, run_batch
 from rollart_dask.resource.pools import submit_kwargs
+
+
+_KEY_PREFIX = uuid.uuid4().hex[:6]  # this process's keys never meet another client's on a shared scheduler
+_key_ids = itertools.count()
 
 
 def task_key(stage: str):
@@ -32,7 +45,7 @@ def task_key(stage: str):
     still alive. A group per (stage, span) keeps each step and phase in its own span; Dask's
     ``key_split`` of either form is still the stage, so the task stream colours and groups by stage.
     """
-    token = uuid.uuid4().hex[:12]
+    token = f"{_KEY_PREFIX}{next(_key_ids):x}"
     span_id = current_span_id()
     return f"{stage}-{token}" if span_id is None else (f"{stage}-{span_id.replace('-', '')}", token)
 
@@ -43,6 +56,9 @@ class CallFailed(RuntimeError):
 
 class WorkerLost(RuntimeError):
     """The worker holding this call's state left the cluster."""
+
+
+log = logging.getLogger("rollart_dask")
 
 
 class Dispatcher:
@@ -58,22 +74,74 @@ class Dispatcher:
         self.latency: dict[str, list[float]] = defaultdict(list)  # stage → seconds per call, since last drain
         self.batch_sizes: dict[str, list[int]] = defaultdict(list)
         self._bucket_span: dict[tuple, dict | None] = {}  # coalescing key → Dask span of the pending batch's first call
-        self.topic = f"rollart-calls-{uuid.uuid4().hex[:12]}"  # streamed answers for this dispatcher only
-        self._streamed: dict[str, asyncio.Future] = {}  # call id → its future, until its answer arrives
-        client.subscribe_topic(self.topic, self._on_answer)
+        self.topic = f"rollart-calls-{uuid.uuid4().hex[:12]}"  # names this dispatcher's channels on the workers
+        self._answers: dict[int, asyncio.Future] = {}  # call id → its future, until its answer arrives on a channel
+        self._ids = itertools.count()
+        self._channels: dict[str, asyncio.Future] = {}  # worker → its answer channel (a comm), once opening started
+        self._readers: set[asyncio.Task] = set()
+        self._plugin: asyncio.Future | None = None  # the channels' handler on every worker, registered once
+        self._deadlines: dict[asyncio.Future, tuple[float, str]] = {}  # open call → (when it times out, its message)
+        self._starts: dict[int, object] = {}  # streamed batch (its first call id) → frees its slot when the batch starts
+        self._sweeper: asyncio.Task | None = None
 
-    def _on_answer(self, event) -> None:
-        _, answers = event  # [(call id, pickled answer), ...]: what one worker finished in one tick
-        for cid, payload in answers:
-            fut = self._streamed.pop(cid, None)
-            if fut is not None and not fut.done():
-                fut.set_result(tuple(pickle.loads(payload)))
+    # -- answer channels (data/answers.py) --------------------------------------------------------------
+    def _channel(self, worker: str) -> asyncio.Future:
+        ch = self._channels.get(worker)
+        if ch is None:
+            ch = self._channels[worker] = asyncio.ensure_future(self._open_channel(worker))
+        return ch
+
+    async def _open_channel(self, worker: str):
+        if self._plugin is None or (self._plugin.done() and self._plugin.exception() is not None):
+            self._plugin = asyncio.ensure_future(self.client.register_plugin(AnswersPlugin(), name=PLUGIN))
+        await asyncio.shield(self._plugin)
+        comm = await connect(worker, **self.client.connection_args)
+        try:
+            await comm.write({"op": HANDLER, "topic": self.topic})
+            reply = await comm.read()  # the handler holds the channel before it answers: tasks may answer on it from now
+            if reply != "ok":
+                raise RuntimeError(f"worker {worker} refused an answer channel: {reply}")
+        except BaseException:
+            comm.abort()
+            raise
+        reader = asyncio.ensure_future(self._read_answers(worker, comm))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
+        return comm
+
+    async def _read_answers(self, worker: str, comm) -> None:
+        try:
+            while True:
+                for payload in await comm.read():  # one BatchedSend write: the pickled answers of one or more ticks
+                    for cid, result in pickle.loads(payload):
+                        if type(cid) is tuple:  # ("started", first call id): a streamed batch began on the worker
+                            release = self._starts.pop(cid[1], None)
+                            if release is not None:
+                                release()
+                            continue
+                        fut = self._answers.pop(cid, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(result)
+        except Exception as e:  # the worker left or closed: calls still open there cannot be answered
+            if self._channels.get(worker) is not None and self._channels[worker].done():
+                self._channels.pop(worker, None)  # the next call opens a new one
+            why = failure(ConnectionError(f"answer channel to {worker} closed: {type(e).__name__}"))
+            for fut in list(self._by_worker.get(worker, ())):
+                if not fut.done():
+                    fut.set_result(why)
 
     def close(self) -> None:
-        try:
-            self.client.unsubscribe_topic(self.topic)
-        except Exception:
-            pass  # the client is already closing
+        for ch in self._channels.values():
+            if ch.done() and not ch.cancelled() and ch.exception() is None:
+                ch.result().abort()
+            else:
+                ch.cancel()
+        self._channels.clear()
+        for r in self._readers:
+            r.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
     def drain_stats(self) -> dict:
         """Per-stage call latency (p50/p99, ms) and items per future since the last drain."""
@@ -89,22 +157,22 @@ class Dispatcher:
         self.batch_sizes.clear()
         return out
 
-    async def call(self, stage: str, fn, item, pool: str, worker: str | None = None, timeout: float | None = None, streamed: bool = False):
+    async def call(self, stage: str, fn, item: dict, pool: str, worker: str | None = None, timeout: float | None = None, streamed: bool = False):
         """Run ``fn([item])[0]`` on a worker of ``pool`` (or exactly ``worker``); raise CallFailed on an item error.
-        ``streamed``: ``fn(items, topic)`` starts the items and answers each on ``topic`` (see the module doc).
-        ``fn`` may also be a route with ``submit(client, args, streamed) -> future`` (control/proxy.PDRoute: a prefill
-        task, then a decode task on ``worker`` that takes its future); ``pool``/``worker`` are then the last task's."""
+        Pinned calls pass ``fn(items, topic)`` this dispatcher's channel, on which the worker answers each item
+        (``streamed``: as soon as each is done, see the module doc). ``fn`` may also be a route with
+        ``submit(client, args, streamed) -> future`` (control/proxy.PDRoute: a prefill task, then a decode task on ``worker``
+        that takes its future); ``pool``/``worker`` are then the last task's. The dispatcher owns ``item`` from here."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.calls += 1
         key = (stage, fn, pool, worker, streamed)
-        cid = None
-        if streamed:
-            cid = uuid.uuid4().hex
-            item = dict(item, _cid=cid)
-            self._streamed[cid] = fut
         if worker is not None:
+            cid = item["_cid"] = next(self._ids)
+            self._answers[cid] = fut
             self._by_worker[worker].add(fut)
+        elif streamed:
+            raise ValueError(f"a streamed call must be pinned to a worker ({stage} on pool {pool})")
         if self.coalesce:
             bucket = self._pending.setdefault(key, [])
             bucket.append((item, fut))
@@ -113,24 +181,37 @@ class Dispatcher:
                 loop.call_soon(self._flush, key)
         else:
             self._launch(key, [(item, fut)])
+        if timeout is not None:
+            self._deadlines[fut] = (loop.time() + timeout, f"{stage} on {worker or pool} gave no answer in {timeout:.0f}s")
+            if self._sweeper is None:
+                self._sweeper = asyncio.ensure_future(self._sweep())
         t0 = time.perf_counter()
         try:
-            # not wait_for: on Python 3.11 it returns the result when the caller is cancelled in the tick its
-            # answer lands, swallowing the cancel (a cancelled trajectory would go on holding its env slot).
-            # A cancelled caller cancels ``fut``: a flush still pending drops the item (_flush).
-            async with asyncio.timeout(timeout):
-                status, value = await fut
+            # ``fut`` itself, not wait_for: on Python 3.11 wait_for returns the result when the caller is cancelled
+            # in the tick its answer lands, swallowing the cancel (a cancelled trajectory would go on holding its
+            # env slot). A cancelled caller cancels ``fut``: a flush still pending drops the item (_flush).
+            status, value = await fut
             self.latency[stage].append(time.perf_counter() - t0)
-        except TimeoutError:
-            raise TimeoutError(f"{stage} on {worker or pool} gave no answer in {timeout:.0f}s") from None
         finally:
+            self._deadlines.pop(fut, None)
             if worker is not None:
                 self._by_worker[worker].discard(fut)
-            if cid is not None:
-                self._streamed.pop(cid, None)
+                self._answers.pop(item["_cid"], None)
         if status != "ok":
             raise CallFailed(f"{stage}: {value}")
         return value
+
+    async def _sweep(self, every_s: float = 0.1) -> None:
+        """One timer for every open call (an asyncio timeout per call costs a timer handle and heap work each)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every_s)
+            now = loop.time()
+            for fut, (deadline, message) in list(self._deadlines.items()):
+                if deadline <= now:
+                    del self._deadlines[fut]
+                    if not fut.done():
+                        fut.set_exception(TimeoutError(message))
 
     def _flush(self, key: tuple) -> None:
         # At most max_inflight batches per service: later calls wait and join the next, larger batch
@@ -158,35 +239,83 @@ class Dispatcher:
 
     def _launch(self, key: tuple, batch: list, done=None) -> None:
         stage, fn, pool, worker, streamed = key
-        args = ([item for item, _ in batch], self.topic) if streamed else ([item for item, _ in batch],)
+        self.batch_sizes[stage].append(len(batch))
+        if worker is None:
+            self._track(self._submit(key, batch), batch, worker, done)
+            return
+        if streamed and done is not None:  # its slot is free once the worker has started it (see _start_slot)
+            done = self._start_slot(batch[0][0]["_cid"], done)
+        ch = self._channel(worker)
+        if ch.done() and ch.exception() is None:
+            self._track(self._submit(key, batch), batch, worker, done)
+        else:  # the first call to this worker: open its channel, then submit (the channel must exist before any answer)
+            self._track(self._submit_when_open(ch, key, batch), batch, worker, done)
+
+    def _start_slot(self, first_cid: int, done):
+        """A streamed batch holds its service's slot only until the worker starts it (its answers come one by one,
+        later): the next batch may leave then, not a task round trip later. Called at most once either way."""
+        held = [True]
+
+        def release() -> None:
+            if held:
+                held.clear()
+                self._starts.pop(first_cid, None)
+                done()
+
+        self._starts[first_cid] = release
+        return release
+
+    def _submit(self, key: tuple, batch: list):
+        stage, fn, pool, worker, streamed = key
+        items = [item for item, _ in batch]
+        args = () if worker is None else (self.topic,)  # pinned calls are answered on this dispatcher's channel
         # A coalesced batch is one task: it carries its first caller's span (rollout and evaluation
         # items sharing a batch are counted under the first one's).
         chained = getattr(fn, "submit", None)  # a route of several tasks (proxy.PDRoute: prefill, then decode on another worker)
         if chained is not None:
-            dfut = chained(self.client, args, streamed)
             self.futures += 2
-        else:
-            dfut = self.client.submit(fn, *args, **submit_kwargs(pool, worker, key=task_key(stage)))
-            self.futures += 1
-        self.batch_sizes[stage].append(len(batch))
-        if worker is not None:
-            self._dask[worker].add(dfut)
-        task = asyncio.ensure_future(self._collect(dfut, [f for _, f in batch], worker))
+            return chained(self.client, (items, *args), streamed)
+        self.futures += 1
+        payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)  # one bytes object (data/tasks.run_batch)
+        return self.client.submit(run_batch, fn, payload, *args, **submit_kwargs(pool, worker, key=task_key(stage)))
+
+    async def _submit_when_open(self, ch: asyncio.Future, key: tuple, batch: list):
+        try:
+            await ch
+        except Exception:
+            if self._channels.get(key[3]) is ch:
+                self._channels.pop(key[3], None)  # the next call tries again
+            raise
+        return self._submit(key, batch)
+
+    def _track(self, submitted, batch: list, worker: str | None, done) -> None:
+        task = asyncio.ensure_future(self._collect(submitted, [f for _, f in batch], worker))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if done is not None:
             task.add_done_callback(lambda _: done())
 
-    async def _collect(self, dfut, futs: list, worker: str | None) -> None:
+    async def _collect(self, submitted, futs: list, worker: str | None) -> None:
+        """Wait for a batch task. Pool calls take their answers from its result; pinned calls were (or will
+        be) answered on the channel, so the task is only waited for, never gathered, and fails only the
+        calls it did not answer."""
+        dfut = None
         try:
-            results = await dfut
-        except Exception as e:  # the task itself failed (worker died, deserialisation…)
+            dfut = await submitted if inspect.iscoroutine(submitted) else submitted
+            if worker is None:
+                results = await dfut
+            else:
+                self._dask[worker].add(dfut)
+                await wait(dfut)
+                if dfut.status == "finished":
+                    return
+                error = await dfut.exception() if dfut.status == "error" else None
+                results = [failure(error or RuntimeError(f"batch task {dfut.key} {dfut.status}"))] * len(futs)
+        except Exception as e:  # the task itself failed (worker died, deserialisation, no channel…)
             results = [failure(e)] * len(futs)
         finally:
-            if worker is not None:
+            if worker is not None and dfut is not None:
                 self._dask[worker].discard(dfut)
-        if not isinstance(results, list):  # a streamed batch started: its items answer as events
-            return
         for f, r in zip(futs, results):
             if not f.done():
                 f.set_result(tuple(r))
@@ -204,6 +333,9 @@ class Dispatcher:
                 f.set_exception(WorkerLost(f"worker {address} left the cluster"))
         for key in [k for k in self._pending if k[3] == address]:  # (stage, fn, pool, worker, streamed)
             self._pending.pop(key)
+        ch = self._channels.pop(address, None)
+        if ch is not None:
+            ch.add_done_callback(lambda c: c.cancelled() or c.exception() or c.result().abort())
         lost = list(self._dask.pop(address, set()))
         if lost:  # their results can never arrive; cancelling ends the collectors waiting on them
             asyncio.ensure_future(self.client.cancel(lost))

@@ -3,7 +3,7 @@ cooperative abort (Dask cannot stop a running task, so the engine's own abort is
 from __future__ import annotations
 
 import asyncio
-import uuid
+import itertools
 from collections import Counter, defaultdict
 
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ class LLMProxy:
         self._idle.set()
         self.requests = 0
         self.reissued = 0
+        self._rids = itertools.count()  # request ids: trajectory#n, unique within this proxy
 
     @property
     def suspended(self) -> bool:
@@ -64,7 +65,7 @@ class LLMProxy:
                 raise TrajectoryCancelled(traj_id)
             route = pd_route(self, traj_id) if self.pd else None  # sticky engines in both pools; decode is the call's worker
             addr = route.decode_worker if route else self.pick(traj_id, pool)
-            rid = f"{traj_id}#{uuid.uuid4().hex[:8]}"
+            rid = f"{traj_id}#{next(self._rids)}"
             item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens, "temperature": temperature}
             if emulate:
                 item["emulate"] = emulate
@@ -150,13 +151,12 @@ class PDRoute:
     decode_pool: str
 
     def submit(self, client, args: tuple, streamed: bool):
-        """Submit the prefill task and the decode task that takes its future; returns the decode future."""
-        items = args[0]
+        """Submit the prefill task and the decode task that takes its future; returns the decode future.
+        ``args``: (items, topic) — the decode worker answers on the dispatcher's channel."""
+        items, topic = args
         pf = client.submit(tasks.prefill_batch, items, **submit_kwargs(self.prefill_pool, self.prefill_worker, key=task_key("pd-prefill")))
-        if streamed:
-            return client.submit(tasks.decode_stream, pf, items, args[1], **submit_kwargs(self.decode_pool, self.decode_worker, key=task_key("pd-decode")))
-        return client.submit(tasks.decode_batch, pf, **submit_kwargs(self.decode_pool, self.decode_worker, key=task_key("pd-decode")))
-
+        decode = tasks.decode_stream if streamed else tasks.decode_batch
+        return client.submit(decode, pf, items, topic, **submit_kwargs(self.decode_pool, self.decode_worker, key=task_key("pd-decode")))
 
 
 def prefill_key(traj_id: str) -> str:

@@ -63,7 +63,8 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     await client.register_plugin(plugins.RewardPlugin([rewards.pool], **reward_spec), name=plugins.REWARD)
     await client.register_plugin(plugins.engine_plugin(cfg, pools, str(model_dir), backend), name=plugins.ENGINE)
     await client.register_plugin(plugins.trainer_plugin(cfg, str(model_dir)), name=plugins.TRAINER)
-    # the emulated engine batches continuously across calls (a real engine runs one batch per call)
+    # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
+    # one batch per call)
     proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
                     reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.stateful)

@@ -16,6 +16,7 @@ ENGINES = Registry("engine backend", {
     "torch": "rollart_dask.data.engine_torch:TorchEngine",
     "vllm": "rollart_dask.data.engine_vllm:VLLMEngine",
     "emulated": "rollart_dask.tools.emulation.engine:EmulatedInstances",  # EMULATED hardware timing
+    "null": "rollart_dask.tools.emulation.null:NullEngine",  # NULL: answers at once (control-plane benchmark)
 })
 
 TRAINERS = Registry("trainer backend", {

@@ -2,16 +2,18 @@
 (``service(name)``, held by a plugin in data/plugins.py) and calls it.
 
 Batch tasks take a list of items and answer per item ("ok", value) or ("err", message): one bad
-item never fails its neighbours. Streamed tasks start their items and answer each on the caller's
-topic as soon as it is done.
+item never fails its neighbours. Tasks pinned to a worker also take the caller's ``topic`` and
+answer on its channel (data/answers.py) instead of in their result; streamed tasks start their
+items and answer each as soon as it is done.
 """
 from __future__ import annotations
 
 import pickle
-import threading
+import time
 
 from distributed import get_worker
 
+from rollart_dask.data.answers import channels
 from rollart_dask.data.plugins import ENGINE, ENVHOST, REWARD, TRAINER
 
 
@@ -38,15 +40,31 @@ def _per_item(fn, items: list, map_=map) -> list:
     return list(map_(one, items))
 
 
+def run_batch(fn, payload: bytes, *args):
+    """The task of every coalesced call: ``fn(items, *args)`` with the items as the control plane pickled them.
+    As one bytes object the scheduler passes them on instead of unpickling and re-pickling every request, and
+    the client's Dask does not walk each request looking for keys. The task's key names its stage."""
+    return fn(pickle.loads(payload), *args)
+
+
+def _reply(items: list[dict], answers: list, topic: str | None):
+    """The answers as the task's result (calls to a pool), or on the caller's channel (pinned calls)."""
+    if topic is None:
+        return answers
+    channels(get_worker()).post_many(topic, [(item["_cid"], a) for item, a in zip(items, answers)])
+    return len(answers)
+
+
 # -- thin tasks ----------------------------------------------------------------------------
-def generate_batch(items: list[dict]) -> list:
+def generate_batch(items: list[dict], topic: str | None = None):
     try:
-        return [("ok", c) for c in service(ENGINE).generate(items)]
+        answers = [("ok", c) for c in service(ENGINE).generate(items)]
     except Exception as e:
-        return [failure(e)] * len(items)
+        answers = [failure(e)] * len(items)
+    return _reply(items, answers, topic)
 
 
-def reward_batch(items: list[dict]) -> list:
+def reward_batch(items: list[dict], topic: str | None = None):
     """Plain rewards per item (concurrent Lambda invocations when serverless); stateful ones (a
     judge: the control plane sends them to the REWARD pool) as one batched generation."""
     runner = service(REWARD)
@@ -58,63 +76,86 @@ def reward_batch(items: list[dict]) -> list:
         out[i] = r
     for i, r in zip(judged, runner.score_stateful([items[i] for i in judged]) if judged else []):
         out[i] = r
-    return out
+    return _reply(items, out, topic)
 
 
-# -- streamed tasks: start the items, answer each on the caller's topic as soon as it is done ---------
-_outbox: dict[tuple, list] = {}  # (worker address, topic) → answers not yet sent
-_outbox_lock = threading.Lock()
+# -- streamed tasks: start the items, answer each on the caller's channel as soon as it is done ---------
+INLINE_S = 0.002  # a streamed batch runs its items in its own thread while they take less than this, together
 
 
-def _answer(worker, topic: str, item: dict, result: tuple) -> None:
-    """Queue one answer; answers finished by the same event-loop tick leave as one event (one scheduler
-    message for many calls, not one each). Pickled: events must be msgpack."""
-    key = (worker.address, topic)
-    with _outbox_lock:
-        pending = _outbox.setdefault(key, [])
-        pending.append((item["_cid"], pickle.dumps(result)))
-        first = len(pending) == 1
-    if first:
-        worker.loop.add_callback(_flush, worker, key)  # thread-safe; runs on the worker's event loop
+class Speed:
+    """How long one service's items take (an exponential mean). Items of a fast service run in the batch's
+    own thread, one after the other, within INLINE_S a batch: a hand-off to another thread costs more than
+    they do. The rest go to the service's pool, so one slow item never holds back its batch's others by
+    more than INLINE_S."""
+
+    def __init__(self, fast_s: float = 0.0005):
+        self.fast_s, self.mean_s = fast_s, None
+
+    def add(self, seconds: float) -> None:
+        self.mean_s = seconds if self.mean_s is None else 0.9 * self.mean_s + 0.1 * seconds
+
+    @property
+    def fast(self) -> bool:
+        return self.mean_s is not None and self.mean_s < self.fast_s
 
 
-def _flush(worker, key: tuple) -> None:
-    with _outbox_lock:
-        answers = _outbox.pop(key, [])
-    if answers:
-        worker.log_event(key[1], answers)
+_speeds: dict[tuple, Speed] = {}  # (service, method) → its Speed, per worker process
 
 
-def _start(fn, items: list[dict], topic: str, executor) -> int:
-    worker = get_worker()
+def _start(fn, items: list[dict], topic: str, executor, speed: Speed) -> int:
+    ch = channels(get_worker())
+    ch.check(topic)  # fail the batch now rather than answer into nothing
+    if items:
+        ch.post(topic, ("started", items[0]["_cid"]), None)  # the caller may send its next batch to this service now
 
     def one(item):
+        t0 = time.perf_counter()
         try:
             result = ("ok", fn(item))
         except Exception as e:  # reported per item; the control plane decides retry/fail
             result = failure(e)
-        _answer(worker, topic, item, result)
+        speed.add(time.perf_counter() - t0)
+        ch.post(topic, item["_cid"], result)
 
+    t_end = time.perf_counter() + INLINE_S
     for item in items:
-        executor.submit(one, item)
+        if speed.fast and time.perf_counter() < t_end:
+            one(item)
+        else:
+            executor.submit(one, item)
     return len(items)
+
+
+def _speed(name: str, method) -> Speed:
+    key = (name, getattr(method, "__name__", str(method)))
+    speed = _speeds.get(key)
+    if speed is None:
+        speed = _speeds[key] = Speed()
+    return speed
 
 
 def env_reset_stream(items: list[dict], topic: str) -> int:
     host = service(ENVHOST)
-    return _start(host.reset, items, topic, host.pool)
+    return _start(host.reset, items, topic, host.pool, _speed(ENVHOST, "reset"))
 
 
 def env_step_stream(items: list[dict], topic: str) -> int:
     host = service(ENVHOST)
-    return _start(host.step, items, topic, host.pool)
+    return _start(host.step, items, topic, host.pool, _speed(ENVHOST, "step"))
 
 
 def generate_stream(items: list[dict], topic: str) -> int:
-    """For engines that batch continuously across calls (the emulated one): each request joins the
-    running batch at once and is answered when it finishes, not when its call's slowest does."""
+    """For engines that batch continuously across calls (emulated, null): each request joins the running
+    batch at once and is answered when it finishes, not when its call's slowest does. Inline only where a
+    request's time is its own (``answers_alone``): one that waits for its batch says nothing about what a
+    hand-off costs."""
     engine = service(ENGINE)
-    return _start(lambda item: engine.generate([item])[0], items, topic, engine.pool)
+    speed = _speed(ENGINE, "generate") if getattr(engine, "answers_alone", False) else _NEVER_INLINE
+    return _start(lambda item: engine.generate([item])[0], items, topic, engine.pool, speed)
+
+
+_NEVER_INLINE = Speed(fast_s=0.0)
 
 
 async def engine_abort(request_ids: list[str]) -> int:
@@ -157,8 +198,8 @@ def service_stats(dask_worker=None) -> dict:
     return out
 
 
-def env_close_batch(items: list[dict]) -> list:
-    return _per_item(lambda item: service(ENVHOST).close(item["traj_id"]), items)
+def env_close_batch(items: list[dict], topic: str | None = None):
+    return _reply(items, _per_item(lambda item: service(ENVHOST).close(item["traj_id"]), items), topic)
 
 
 # -- prefill/decode disaggregation (rollout.pd): the two tasks of a disaggregated generate call ------------
@@ -179,20 +220,24 @@ def _decode_items(engine, prefilled: list) -> list:
         return [failure(e) if status == "ok" else (status, value) for status, value in prefilled]
 
 
-def decode_batch(prefilled: list) -> list:
+def decode_batch(prefilled: list, items: list[dict], topic: str | None = None):
     """Decode task (engine of the decode pool). ``prefilled`` is the prefill task's result: Dask
     brings it — KV caches included — from the prefill worker to this one before the task runs."""
-    return _decode_items(service(ENGINE), prefilled)
+    return _reply(items, _decode_items(service(ENGINE), prefilled), topic)
 
 
 def decode_stream(prefilled: list, items: list[dict], topic: str) -> int:
     """Streamed decode (engines that batch continuously across calls): each request is answered on
-    ``topic`` as soon as it is done (see generate_stream)."""
-    engine, worker = service(ENGINE), get_worker()
+    the caller's channel as soon as it is done (see generate_stream)."""
+    engine = service(ENGINE)
+    ch = channels(get_worker())
+    ch.check(topic)
+    if items:
+        ch.post(topic, ("started", items[0]["_cid"]), None)
 
     def one(pair):
         item, result = pair
-        _answer(worker, topic, item, _decode_items(engine, [result])[0])
+        ch.post(topic, item["_cid"], _decode_items(engine, [result])[0])
 
     for pair in zip(items, prefilled):
         engine.pool.submit(one, pair)

@@ -1,12 +1,19 @@
-"""The embedded local heterogeneous cluster (SpecCluster of Nanny workers tagged by pool),
-or a connection to an existing scheduler."""
+"""The embedded local heterogeneous cluster (SpecCluster of Nanny workers tagged by pool, the
+scheduler in a process of its own), or a connection to an existing scheduler."""
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 import dask
-from distributed import Client, Nanny, Scheduler, SpecCluster
+from distributed import Client, Nanny, SpecCluster
+from distributed.deploy.subprocess import SubprocessScheduler
+from distributed.utils import Deadline
 
 from rollart_dask.config import ClusterConfig
 from rollart_dask.resource.pools import worker_resources
@@ -25,8 +32,39 @@ def cluster_spec(cfg: ClusterConfig) -> dict:
                 "name": w.name,
             },
         }
-    scheduler = {"cls": Scheduler, "options": {"dashboard_address": cfg.dashboard_address}}
+    scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": {"dashboard_address": cfg.dashboard_address}}}
     return {"workers": workers, "scheduler": scheduler}
+
+
+class SchedulerProcess(SubprocessScheduler):
+    """The embedded scheduler in its own process, not in the client's: there it would share the client's
+    event loop and GIL with every trajectory coroutine, and every message between them would be
+    serialised and parsed twice in one process. Its output goes to ``log_path`` (distributed's own
+    SubprocessScheduler pipes it and never reads the pipe, which a scheduler that logs would fill)."""
+
+    async def _start(self):
+        fd, self.log_path = tempfile.mkstemp(prefix="rollart-scheduler-", suffix=".log")
+        spec = json.dumps({"cls": "distributed.Scheduler", "opts": self.scheduler_kwargs})
+        # the client's sys.path, as multiprocessing gives the Nanny workers: functions the client sends the
+        # scheduler (run_on_scheduler, plugins) unpickle by reference to modules it imported
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with os.fdopen(fd, "wb") as log:
+            self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
+                                                                stdout=log, stderr=log, env=env)
+        scheduler_file = Path(self.scheduler_kwargs["scheduler_file"])
+        deadline = Deadline.after(self.timeout)
+        while not deadline.expired and self.process.returncode is None:
+            try:
+                self.address = json.loads(scheduler_file.read_text())["address"]
+                return
+            except (OSError, json.JSONDecodeError, KeyError):  # not written yet, or half-written
+                await asyncio.sleep(0.05)
+        why = f"exited with code {self.process.returncode}" if self.process.returncode is not None else f"did not start in {self.timeout}s"
+        raise RuntimeError(f"the embedded scheduler {why}; its log: {self.log_path}:\n{Path(self.log_path).read_text()[-2000:]}")
+
+    async def close(self):
+        await super().close()
+        Path(self.scheduler_kwargs["scheduler_file"]).unlink(missing_ok=True)
 
 
 async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.ERROR) -> SpecCluster:
