@@ -158,13 +158,13 @@ async def bare_loop(client, inflight: int, seconds: float, turns: int = 4) -> di
             "call_p50_ms": 1e3 * latency[len(latency) // 2], "call_p99_ms": 1e3 * latency[int(len(latency) * 0.99)]}
 
 
-async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path) -> list[dict]:
+async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path, overrides: list[str] = ()) -> list[dict]:
     """Bare loop and runtime alternating ``rounds`` times per size, the bare loop on a cluster of the same spec."""
     cfg = load_flow(data=json.loads(json.dumps(FLOW)))
     rows = []
     for n in sizes:
         for r in range(rounds):
-            rt = await measure(n, steps, out)
+            rt = await measure(n, steps, out, overrides)
             client, cluster = await connect(cfg.cluster)
             try:
                 bare = await bare_loop(client, n, seconds=max(5.0, rt["wall_s"] / 2))
@@ -191,13 +191,14 @@ def _cpu_ms_per_turn(r: dict) -> str:
 @click.option("--compare", "compare_", is_flag=True, help="alternate the bare coalescing loop and the runtime, three rounds per size")
 @click.option("--rounds", default=3, show_default=True, help="with --compare: rounds per size")
 @click.option("--service-bound", is_flag=True, help="128 in flight with 50 ms generate and 10 ms env.step: the latency each call adds")
-def main(inflight, steps, out, compare_, rounds, service_bound):
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="flow override for the runtime's runs (e.g. rollout.coalesce_inflight=1)")
+def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
     from rich.table import Table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if service_bound:
-        r = asyncio.run(measure(128, steps, out, service_bound_overrides()))
+        r = asyncio.run(measure(128, steps, out, [*service_bound_overrides(), *overrides]))
         added = {"generate": (r["generate_p50_ms"] - SERVICE_BOUND["generate_ms"], r["generate_p99_ms"] - SERVICE_BOUND["generate_ms"]),
                  "env.step": (r["env_step_p50_ms"] - SERVICE_BOUND["env_step_ms"], r["env_step_p99_ms"] - SERVICE_BOUND["env_step_ms"])}
         table = Table(title="service-bound: 128 in flight, 50 ms generate (null engine), 10 ms env.step (injected); 2 cores")
@@ -209,7 +210,7 @@ def main(inflight, steps, out, compare_, rounds, service_bound):
         (out / "service_bound.json").write_text(json.dumps({**r, "added_ms": added, "service": SERVICE_BOUND}, indent=2))
         return
     if compare_:
-        rows = asyncio.run(compare(tuple(inflight), steps, rounds, out))
+        rows = asyncio.run(compare(tuple(inflight), steps, rounds, out, list(overrides)))
         table = Table(title="runtime vs bare coalescing loop (null services, 4 turns per trajectory; same cluster spec, 2 cores)")
         for col in ("in flight", "round", "bare turns/s", "runtime turns/s", "runtime / bare", "bare call p50 / p99 ms",
                     "runtime generate / env.step p50 / p99 ms", "runtime CPU ms per turn: client / scheduler / workers", "tasks per turn"):
@@ -226,7 +227,7 @@ def main(inflight, steps, out, compare_, rounds, service_bound):
     results = []
     for n in inflight:
         console.print(f"[bold]{n} trajectories in flight[/bold] (null engine, null env, 4 turns each)")
-        results.append(asyncio.run(measure(n, steps, out)))
+        results.append(asyncio.run(measure(n, steps, out, list(overrides))))
         console.print(results[-1])
     table = Table(title="control-plane overhead (null engine, null env; 2 cores)")
     for col in ("in flight", "turns/s", "generate p50 (ms)", "env.step p50 (ms)", "CPU ms per turn: client / scheduler / workers",

@@ -56,7 +56,7 @@ class SyntheticAgentEnv:
         for v in self.spec.values():
             draw_length(v, random.Random(0))  # a bad spec fails at construction, naming itself
         self.reward_s, self.time_scale = float(reward_s), float(time_scale)
-        self._rng = random.Random()
+        self._rng = random.Random(0)  # reset draws its own; an unseeded Random reads the OS entropy pool (slow, per env)
         self._turn = 0
         self._context = 0
         self._seed = 0

@@ -43,9 +43,14 @@ class TurnBarrier:
 
 class EnvManager:
     def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig,
-                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None, stateful_rewards=()):
+                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None, stateful_rewards=(),
+                 reward_workers: dict[str, list[str]] | None = None):
         self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
         self.reward_pool = reward_pool
+        # pool → its reward workers: a reward call is pinned to one (answered on the dispatcher's channel, like every
+        # other call) and retried on another when its worker is lost; without them it goes to the pool
+        self.reward_workers = {p: list(a) for p, a in (reward_workers or {}).items()}
+        self._reward_turn = 0
         self.reward_functions = reward_functions or {}  # reward name → deployed function (serverless)
         self.stateful_rewards = set(stateful_rewards)  # rewards that need an engine: always on the REWARD pool
         self.env_workers = list(env_workers)
@@ -58,10 +63,18 @@ class EnvManager:
         self.counts: Counter = Counter()
 
     def worker_lost(self, address: str) -> None:
+        for workers in self.reward_workers.values():
+            if address in workers:
+                workers.remove(address)
         if address in self.env_workers:
             self.env_workers.remove(address)
             self.envs_on.pop(address, None)
             self._freed.set()  # trajectories waiting for a slot re-place (or fail with WorkerLost)
+
+    def reward_worker_joined(self, address: str, pools) -> None:
+        for pool in set(pools) & set(self.reward_workers):
+            if address not in self.reward_workers[pool]:
+                self.reward_workers[pool].append(address)
 
     def worker_joined(self, address: str) -> None:
         if address not in self.env_workers:
@@ -169,14 +182,23 @@ class EnvManager:
 
     async def _reward(self, task: TaskConfig, traj: Trajectory) -> dict:
         item = {"reward": task.reward, "function": self.reward_functions.get(task.reward), "trajectory": traj.for_reward()}
+        pool = "REWARD" if task.reward in self.stateful_rewards else self.reward_pool  # a judge stays local in either mode
         for attempt in range(self.rollout.retries + 1):
             try:
-                pool = "REWARD" if task.reward in self.stateful_rewards else self.reward_pool  # a judge stays local in either mode
-                return await self.d.call("reward", tasks.reward_batch, item, pool=pool, timeout=self.rollout.reward_timeout_s)
-            except (CallFailed, TimeoutError):
+                return await self.d.call("reward", tasks.reward_batch, dict(item), pool=pool, worker=self._reward_worker(pool),
+                                         timeout=self.rollout.reward_timeout_s)
+            except (CallFailed, TimeoutError, WorkerLost):  # stateless: any reward worker may score it again
                 self.counts["reward_errors"] += 1
                 if attempt == self.rollout.retries:
                     raise
+
+    def _reward_worker(self, pool: str) -> str | None:
+        """The next of the pool's reward workers in turn (None: calls go to the pool and come back as task results)."""
+        workers = self.reward_workers.get(pool)
+        if not workers:
+            return None
+        self._reward_turn += 1
+        return workers[self._reward_turn % len(workers)]
 
     async def _close(self, tid: str, worker: str) -> None:
         try:

@@ -92,6 +92,7 @@ class Telemetry:
                 s.poolmap.workers[addr] = current.workers[addr]
                 if "CPU" in current.workers[addr]["resources"]:
                     s.em.worker_joined(addr)
+                s.em.reward_worker_joined(addr, current.workers[addr]["resources"])
             known = now
 
     async def feed(self) -> None:

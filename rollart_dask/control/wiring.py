@@ -67,7 +67,8 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     # one batch per call)
     proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
-                    reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.stateful)
+                    reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.stateful,
+                    reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})
     layout = {p: [poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
     return Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
 
