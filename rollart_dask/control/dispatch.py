@@ -5,13 +5,13 @@ calls to the same service that arrive in one event-loop tick share one future (a
 task), each still resolved on its own: the scheduler sees a few tasks per tick instead of
 one per trajectory.
 
-Calls pinned to a worker (every generate and env call) are answered over the dispatcher's own
+Calls pinned to a worker (every generate, env and reward call of a run) are answered over the dispatcher's own
 comm to that worker (data/answers.py), not as the task's result: nothing is gathered, and the
 scheduler relays nothing but the task itself. A ``streamed`` call goes further: its task only
 *starts* the items and returns at once; each item's answer leaves the worker as soon as it is
 ready, so one slow env.step (or one long generation) never holds back the calls that shared its
 batch — without it a coalesced batch is a barrier, which trajectory-level asynchrony must not have.
-Calls to a pool (rewards) get their answers as the task's result.
+A call to a pool alone gets its answers as the task's result.
 """
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ class Channels:
     async def open(self, comm, topic: str):
         """The handler: keep ``comm`` as ``topic``'s channel. The worker's handler loop goes on reading it (the
         caller sends nothing more: its closing the comm ends the channel)."""
+        for gone in [t for t, s in self._open.items() if s.closed()]:  # channels of callers that have left (runs that ended)
+            del self._open[gone]
         send = BatchedSend(interval="1ms", loop=self.worker.loop)
         send.start(comm)
         old, self._open[topic] = self._open.get(topic), send
@@ -53,7 +55,7 @@ class Channels:
         if send is None or send.closed():
             raise NoChannel(f"no answer channel for {topic} on worker {self.worker.address}")
 
-    def post(self, topic: str, cid: str, result: tuple) -> None:
+    def post(self, topic: str, cid, result: tuple | None) -> None:
         """Queue one answer (any thread); answers queued within one event-loop tick leave together."""
         with self._lock:
             pending = self._outbox.setdefault(topic, [])

@@ -100,6 +100,10 @@ class EnvHost:
         self._count("resets", t0)
         return obs, info
 
+    def kind(self, traj_id: str) -> str:
+        """What kind of env a trajectory's is (its class), for timing its steps apart from other kinds'."""
+        return type(self.envs.get(traj_id)).__name__
+
     def step(self, item: dict) -> tuple[str, float, bool, bool, dict]:
         t0 = time.perf_counter()
         tid = item["traj_id"]

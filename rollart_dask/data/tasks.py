@@ -84,10 +84,10 @@ INLINE_S = 0.002  # a streamed batch runs its items in its own thread while they
 
 
 class Speed:
-    """How long one service's items take (an exponential mean). Items of a fast service run in the batch's
-    own thread, one after the other, within INLINE_S a batch: a hand-off to another thread costs more than
-    they do. The rest go to the service's pool, so one slow item never holds back its batch's others by
-    more than INLINE_S."""
+    """How long one kind of item takes (an exponential mean over its recent calls). Items of a kind that has been
+    fast run in the batch's own thread, one after the other, for at most INLINE_S per batch: a hand-off to another
+    thread costs more than they do. The others go to the service's pool. An item that turns out slow holds back
+    the rest of its batch by its own time, once: it pushes its kind's mean up, and the next batches hand it off."""
 
     def __init__(self, fast_s: float = 0.0005):
         self.fast_s, self.mean_s = fast_s, None
@@ -100,49 +100,50 @@ class Speed:
         return self.mean_s is not None and self.mean_s < self.fast_s
 
 
-_speeds: dict[tuple, Speed] = {}  # (service, method) → its Speed, per worker process
+_speeds: dict[tuple, Speed] = {}  # (service, method, kind) → its Speed, per worker process
 
 
-def _start(fn, items: list[dict], topic: str, executor, speed: Speed) -> int:
+def speed(*key) -> Speed:
+    s = _speeds.get(key)
+    if s is None:
+        s = _speeds[key] = Speed()
+    return s
+
+
+def _start(fn, items: list[dict], topic: str, executor, speed_of) -> int:
+    """Start ``fn`` on each item and answer each on ``topic`` when it is done; ``speed_of(item)``: its kind's Speed."""
     ch = channels(get_worker())
     ch.check(topic)  # fail the batch now rather than answer into nothing
     if items:
         ch.post(topic, ("started", items[0]["_cid"]), None)  # the caller may send its next batch to this service now
 
-    def one(item):
+    def one(item, pace: Speed):
         t0 = time.perf_counter()
         try:
             result = ("ok", fn(item))
         except Exception as e:  # reported per item; the control plane decides retry/fail
             result = failure(e)
-        speed.add(time.perf_counter() - t0)
+        pace.add(time.perf_counter() - t0)
         ch.post(topic, item["_cid"], result)
 
     t_end = time.perf_counter() + INLINE_S
     for item in items:
-        if speed.fast and time.perf_counter() < t_end:
-            one(item)
+        pace = speed_of(item)
+        if pace.fast and time.perf_counter() < t_end:
+            one(item, pace)
         else:
-            executor.submit(one, item)
+            executor.submit(one, item, pace)
     return len(items)
-
-
-def _speed(name: str, method) -> Speed:
-    key = (name, getattr(method, "__name__", str(method)))
-    speed = _speeds.get(key)
-    if speed is None:
-        speed = _speeds[key] = Speed()
-    return speed
 
 
 def env_reset_stream(items: list[dict], topic: str) -> int:
     host = service(ENVHOST)
-    return _start(host.reset, items, topic, host.pool, _speed(ENVHOST, "reset"))
+    return _start(host.reset, items, topic, host.pool, lambda item: speed(ENVHOST, "reset", item["env"], bool(item.get("inject"))))
 
 
 def env_step_stream(items: list[dict], topic: str) -> int:
     host = service(ENVHOST)
-    return _start(host.step, items, topic, host.pool, _speed(ENVHOST, "step"))
+    return _start(host.step, items, topic, host.pool, lambda item: speed(ENVHOST, "step", host.kind(item["traj_id"])))
 
 
 def generate_stream(items: list[dict], topic: str) -> int:
@@ -151,8 +152,8 @@ def generate_stream(items: list[dict], topic: str) -> int:
     request's time is its own (``answers_alone``): one that waits for its batch says nothing about what a
     hand-off costs."""
     engine = service(ENGINE)
-    speed = _speed(ENGINE, "generate") if getattr(engine, "answers_alone", False) else _NEVER_INLINE
-    return _start(lambda item: engine.generate([item])[0], items, topic, engine.pool, speed)
+    pace = speed(ENGINE, "generate") if getattr(engine, "answers_alone", False) else _NEVER_INLINE
+    return _start(lambda item: engine.generate([item])[0], items, topic, engine.pool, lambda item: pace)
 
 
 _NEVER_INLINE = Speed(fast_s=0.0)
