@@ -57,12 +57,7 @@ class Channels:
 
     def post(self, topic: str, cid, result: tuple | None) -> None:
         """Queue one answer (any thread); answers queued within one event-loop tick leave together."""
-        with self._lock:
-            pending = self._outbox.setdefault(topic, [])
-            pending.append((cid, result))
-            first = len(pending) == 1
-        if first:
-            self.worker.loop.add_callback(self._flush, topic)
+        self.post_many(topic, [(cid, result)])
 
     def post_many(self, topic: str, answers: list) -> None:
         with self._lock:
@@ -83,12 +78,6 @@ class Channels:
         except Exception as e:  # the caller went away: its calls are over
             log.debug("answer channel %s closed: %s", topic, e)
             self._open.pop(topic, None)
-
-    def close(self) -> None:
-        for send in self._open.values():
-            send.abort()
-        self._open.clear()
-
 
 class AnswersPlugin(WorkerPlugin):
     """Installs the answer channels' handler on every worker (and again on a restarted one). Registering it

@@ -51,7 +51,9 @@ def _reply(items: list[dict], answers: list, topic: str | None):
     """The answers as the task's result (calls to a pool), or on the caller's channel (pinned calls)."""
     if topic is None:
         return answers
-    channels(get_worker()).post_many(topic, [(item["_cid"], a) for item, a in zip(items, answers)])
+    ch = channels(get_worker())
+    ch.check(topic)  # fail the task rather than answer into nothing
+    ch.post_many(topic, [(item["_cid"], a) for item, a in zip(items, answers)])
     return len(answers)
 
 
