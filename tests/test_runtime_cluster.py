@@ -27,6 +27,7 @@ def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
             await client.get_task_stream(start=time.time())  # installs the recorder
             t0 = time.time()
             result = await run.run()
+            await asyncio.sleep(2.5)  # the workers report their batches (no Dask tasks) about once a second
             stream = await client.get_task_stream(start=t0)
             info = await client.scheduler.identity()
             return result, stream, {a: w["name"] for a, w in info["workers"].items()}

@@ -27,6 +27,17 @@ def spans_since(dask_scheduler, t0):
     return [(s.name, sorted({tg.prefix.name for tg in s.groups})) for s in ext.spans.values() if s.enqueued >= t0]
 
 
+def batch_seconds_since(dask_scheduler, t0):
+    """Seconds of the run's pinned batches (no Dask tasks: reported by the workers) per stage, in the run's spans."""
+    out: dict = {}
+    for s in dask_scheduler.extensions["spans"].spans.values():
+        if s.enqueued >= t0 and s.name[0] == "rollart":
+            for (context, prefix, activity, _unit), v in s._cumulative_worker_metrics.items():
+                if context == "execute" and activity == "rollart-batch":
+                    out[prefix] = out.get(prefix, 0.0) + v
+    return out
+
+
 def transitions_since(dask_scheduler, t0):
     return [t.key for t in dask_scheduler.transition_log if t.timestamp >= t0]
 
@@ -42,8 +53,10 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
         with get_task_stream(client) as stream:
             run = rollart_dask.launch(flow_dict(**{"trainer.steps": 3}), client=client, out=tmp_path)
             result = run.wait(timeout=300)
+            time.sleep(2.5)  # the workers report their batches (no Dask tasks) about once a second
         assert result["steps"] == 3
         spans = client.run_on_scheduler(spans_since, t0=t0)
+        batch_seconds = client.run_on_scheduler(batch_seconds_since, t0=t0)
         keys = client.run_on_scheduler(transitions_since, t0=t0)
         state = client.run_on_scheduler(dashboard_state, run_id=run._run.run_id)
         url = run.dashboard_url
@@ -58,7 +71,9 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
     assert by_name[("rollart", "step-2", "update-weights")] == ["update-weights"]
     assert by_name[("rollart", "step-2", "recompute-kv")] == ["reset-prefix-cache"]
     assert by_name[("rollart", "step-2", "wait-train")] == ["publish-weights", "stage-weights", "weights-bucket"]
-    assert {"generate", "env-reset", "env-step", "reward"} <= set(by_name[("rollart", "rollout")])
+    # rollout's calls go straight to their workers (no Dask tasks): their time is in the run's spans all the same
+    assert {"generate", "env-reset", "env-step", "reward"} <= set(batch_seconds), batch_seconds
+    assert all(v > 0 for v in batch_seconds.values()) and set(batch_seconds) <= STAGES, batch_seconds
     # (evaluation has a span too, but its calls may all have joined coalesced batches opened by rollout)
     for name, prefixes in spans:
         if name[0] != "rollart":

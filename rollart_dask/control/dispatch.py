@@ -1,17 +1,18 @@
 """Control plane → data plane calls: one awaitable per logical call, Dask futures underneath.
 
-With ``coalesce`` off, every call is its own future (the design card's shape). With it on,
-calls to the same service that arrive in one event-loop tick share one future (a batch
-task), each still resolved on its own: the scheduler sees a few tasks per tick instead of
-one per trajectory.
+With ``coalesce`` off, every call is its own batch (the design card's shape). With it on, calls
+to the same service that arrive in one event-loop tick share one batch, each still resolved on
+its own: a few messages per tick instead of one per trajectory.
 
-Calls pinned to a worker (every generate, env and reward call of a run) are answered over the dispatcher's own
-comm to that worker (data/answers.py), not as the task's result: nothing is gathered, and the
-scheduler relays nothing but the task itself. A ``streamed`` call goes further: its task only
-*starts* the items and returns at once; each item's answer leaves the worker as soon as it is
+Calls pinned to a worker (every generate, env and reward call of a run: the worker was chosen by
+pool when the trajectory's env or engine was) go over the dispatcher's own comm to that worker and
+are answered on it (data/channels.py): no scheduler between, nothing gathered. Each batch is still
+reported to the scheduler, which shows it in the task stream and its span. A ``streamed`` call
+goes further: the worker only *starts* the items; each item's answer leaves as soon as it is
 ready, so one slow env.step (or one long generation) never holds back the calls that shared its
 batch — without it a coalesced batch is a barrier, which trajectory-level asynchrony must not have.
-A call to a pool alone gets its answers as the task's result.
+A call to a pool alone, and a route of several tasks (prefill → decode), are Dask tasks placed by
+the scheduler (a pool call takes its answers from the task's result).
 """
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ import uuid
 from collections import defaultdict
 
 from distributed import wait
+from distributed.batched import BatchedSend
 from distributed.comm import connect
 
 from rollart_dask.control.phases import current_span_id, first_caller_span, within
-from rollart_dask.data.answers import HANDLER, PLUGIN, AnswersPlugin
+from rollart_dask.data.channels import BATCHES_TOPIC, FEED, HANDLER, PLUGIN, BatchesFeed, ChannelsPlugin
 from rollart_dask.data.tasks import failure, run_batch
 from rollart_dask.resource.pools import submit_kwargs
 
@@ -67,7 +69,7 @@ class Dispatcher:
         self._pending: dict[tuple, list] = {}
         self._inflight: dict[tuple, int] = defaultdict(int)  # coalescing key → batch futures in flight
         self._by_worker: dict[str, set] = defaultdict(set)  # pinned worker → its open item futures
-        self._dask: dict[str, set] = defaultdict(set)  # pinned worker → its dask futures
+        self._dask: dict[str, set] = defaultdict(set)  # pinned worker → its dask futures (the prefill/decode route's)
         self.calls = 0
         self.futures = 0
         self._tasks: set[asyncio.Task] = set()
@@ -77,47 +79,57 @@ class Dispatcher:
         self.topic = f"rollart-calls-{uuid.uuid4().hex[:12]}"  # names this dispatcher's channels on the workers
         self._answers: dict[int, asyncio.Future] = {}  # call id → its future, until its answer arrives on a channel
         self._ids = itertools.count()
-        self._channels: dict[str, asyncio.Future] = {}  # worker → its answer channel (a comm), once opening started
+        self._channels: dict[str, asyncio.Future] = {}  # worker → (comm, its BatchedSend), once opening started
         self._readers: set[asyncio.Task] = set()
         self._plugin: asyncio.Future | None = None  # the channels' handler on every worker, registered once
         self._deadlines: dict[asyncio.Future, tuple[float, str]] = {}  # open call → (when it times out, its message)
-        self._starts: dict[int, object] = {}  # streamed batch (its first call id) → frees its slot when the batch starts
+        self._frees: dict[int, tuple[str, object]] = {}  # batch (its first call id) → (worker, frees its slot)
         self._sweeper: asyncio.Task | None = None
 
-    # -- answer channels (data/answers.py) --------------------------------------------------------------
+    # -- channels (data/channels.py) ---------------------------------------------------------------------
     def _channel(self, worker: str) -> asyncio.Future:
         ch = self._channels.get(worker)
         if ch is None:
             ch = self._channels[worker] = asyncio.ensure_future(self._open_channel(worker))
         return ch
 
+    async def _register(self) -> None:
+        await self.client.register_plugin(ChannelsPlugin(), name=PLUGIN)
+        try:
+            await self.client.register_plugin(BatchesFeed(), name=FEED)
+        except Exception as e:  # the scheduler cannot import rollart_dask: batches stay out of its task stream and spans
+            log.warning("batches will not show in the scheduler's task stream (%s: %s); they are still its %r events",
+                        type(e).__name__, e, BATCHES_TOPIC)
+
     async def _open_channel(self, worker: str):
         if self._plugin is None or (self._plugin.done() and self._plugin.exception() is not None):
-            self._plugin = asyncio.ensure_future(self.client.register_plugin(AnswersPlugin(), name=PLUGIN))
+            self._plugin = asyncio.ensure_future(self._register())
         await asyncio.shield(self._plugin)
         comm = await connect(worker, **self.client.connection_args)
         try:
-            await comm.write({"op": HANDLER, "topic": self.topic})
-            reply = await comm.read()  # the handler holds the channel before it answers: tasks may answer on it from now
+            await comm.write({"op": HANDLER, "topic": self.topic, "reply": False})
+            reply = await comm.read()  # the handler holds the channel before it answers: batches may go from now
             if reply != "ok":
-                raise RuntimeError(f"worker {worker} refused an answer channel: {reply}")
+                raise RuntimeError(f"worker {worker} refused a channel: {reply}")
         except BaseException:
             comm.abort()
             raise
+        send = BatchedSend(interval="1ms")  # the batches of one tick (to every service on this worker) in one write
+        send.start(comm)
         reader = asyncio.ensure_future(self._read_answers(worker, comm))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
-        return comm
+        return comm, send
 
     async def _read_answers(self, worker: str, comm) -> None:
         try:
             while True:
                 for payload in await comm.read():  # one BatchedSend write: the pickled answers of one or more ticks
                     for cid, result in pickle.loads(payload):
-                        if type(cid) is tuple:  # ("started", first call id): a streamed batch began on the worker
-                            release = self._starts.pop(cid[1], None)
+                        if type(cid) is tuple:  # ("free", first call id): the batch started (streamed) or ended
+                            release = self._frees.pop(cid[1], None)
                             if release is not None:
-                                release()
+                                release[1]()
                             continue
                         fut = self._answers.pop(cid, None)
                         if fut is not None and not fut.done():
@@ -125,15 +137,18 @@ class Dispatcher:
         except Exception as e:  # the worker left or closed: calls still open there cannot be answered
             if self._channels.get(worker) is not None and self._channels[worker].done():
                 self._channels.pop(worker, None)  # the next call opens a new one
-            why = failure(ConnectionError(f"answer channel to {worker} closed: {type(e).__name__}"))
+            why = failure(ConnectionError(f"channel to {worker} closed: {type(e).__name__}"))
             for fut in list(self._by_worker.get(worker, ())):
                 if not fut.done():
                     fut.set_result(why)
+            for first, (w, release) in list(self._frees.items()):  # their batches will never say they are done
+                if w == worker:
+                    release()
 
     def close(self) -> None:
         for ch in self._channels.values():
             if ch.done() and not ch.cancelled() and ch.exception() is None:
-                ch.result().abort()
+                ch.result()[1].abort()
             else:
                 ch.cancel()
         self._channels.clear()
@@ -240,53 +255,76 @@ class Dispatcher:
     def _launch(self, key: tuple, batch: list, done=None) -> None:
         stage, fn, pool, worker, streamed = key
         self.batch_sizes[stage].append(len(batch))
-        if worker is None:
+        if worker is None or hasattr(fn, "submit"):  # a pool call, or a route of tasks (proxy.PDRoute)
+            if worker is not None and streamed and done is not None:  # the decode task frees the slot when it starts
+                done = self._free_slot(worker, batch[0][0]["_cid"], done)
             self._track(self._submit(key, batch), batch, worker, done)
             return
-        if streamed and done is not None:  # its slot is free once the worker has started it (see _start_slot)
-            done = self._start_slot(batch[0][0]["_cid"], done)
+        self.futures += 1
+        # One pickle: the task key and span ids (for the task stream and fine metrics: a batch of rollout and evaluation
+        # items is counted under its first caller's span), the function and the items.
+        span = first_caller_span()  # (inside _flush: the batch's first caller's)
+        payload = pickle.dumps((task_key(stage), span and span["ids"], fn, [item for item, _ in batch], streamed),
+                               protocol=pickle.HIGHEST_PROTOCOL)
         ch = self._channel(worker)
         if ch.done() and ch.exception() is None:
-            self._track(self._submit(key, batch), batch, worker, done)
-        else:  # the first call to this worker: open its channel, then submit (the channel must exist before any answer)
-            self._track(self._submit_when_open(ch, key, batch), batch, worker, done)
+            ch.result()[1].send(payload)  # raises where the channel closed: _flush then frees the slot
+            if done is not None:  # (its marker cannot come before this returns: one event loop)
+                self._free_slot(worker, batch[0][0]["_cid"], done)
+        else:  # the first call to this worker: open its channel, then send
+            if done is not None:
+                self._free_slot(worker, batch[0][0]["_cid"], done)
+            task = asyncio.ensure_future(self._send_when_open(ch, worker, payload, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    def _start_slot(self, first_cid: int, done):
-        """A streamed batch holds its service's slot only until the worker starts it (its answers come one by one,
-        later): the next batch may leave then, not a task round trip later. Called at most once either way."""
+    async def _send_when_open(self, ch: asyncio.Future, worker: str, payload: bytes, batch: list) -> None:
+        try:
+            (await ch)[1].send(payload)
+        except Exception as e:  # no channel: every call of the batch fails, and its slot is free
+            if self._channels.get(worker) is ch:
+                self._channels.pop(worker, None)  # the next call tries again
+            for _, f in batch:
+                if not f.done():
+                    f.set_result(failure(e))
+            held = self._frees.get(batch[0][0]["_cid"])
+            if held is not None:
+                held[1]()
+
+    def _free_slot(self, worker: str, first_cid: int, done):
+        """A batch holds its service's slot until the worker says it is free of it — started (streamed: its
+        answers come one by one, later) or done — or its channel breaks. Called at most once either way."""
         held = [True]
 
         def release() -> None:
             if held:
                 held.clear()
-                self._starts.pop(first_cid, None)
+                self._frees.pop(first_cid, None)
                 done()
 
-        self._starts[first_cid] = release
+        self._frees[first_cid] = (worker, release)
         return release
 
     def _submit(self, key: tuple, batch: list):
         stage, fn, pool, worker, streamed = key
         items = [item for item, _ in batch]
-        args = () if worker is None else (self.topic,)  # pinned calls are answered on this dispatcher's channel
-        # A coalesced batch is one task: it carries its first caller's span (rollout and evaluation
-        # items sharing a batch are counted under the first one's).
         chained = getattr(fn, "submit", None)  # a route of several tasks (proxy.PDRoute: prefill, then decode on another worker)
-        if chained is not None:
+        if chained is not None:  # its last task answers on this dispatcher's channel
             self.futures += 2
-            return chained(self.client, (items, *args), streamed)
+            return self._chain_when_open(chained, items, worker, streamed)
         self.futures += 1
         payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)  # one bytes object (data/tasks.run_batch)
-        return self.client.submit(run_batch, fn, payload, *args, **submit_kwargs(pool, worker, key=task_key(stage)))
+        return self.client.submit(run_batch, fn, payload, **submit_kwargs(pool, worker, key=task_key(stage)))
 
-    async def _submit_when_open(self, ch: asyncio.Future, key: tuple, batch: list):
+    async def _chain_when_open(self, chained, items: list, worker: str, streamed: bool):
+        ch = self._channel(worker)
         try:
-            await ch
+            await ch  # the channel must exist before its task answers on it
         except Exception:
-            if self._channels.get(key[3]) is ch:
-                self._channels.pop(key[3], None)  # the next call tries again
+            if self._channels.get(worker) is ch:
+                self._channels.pop(worker, None)
             raise
-        return self._submit(key, batch)
+        return chained(self.client, (items, self.topic), streamed)
 
     def _track(self, submitted, batch: list, worker: str | None, done) -> None:
         task = asyncio.ensure_future(self._collect(submitted, [f for _, f in batch], worker))
@@ -335,7 +373,9 @@ class Dispatcher:
             self._pending.pop(key)
         ch = self._channels.pop(address, None)
         if ch is not None:
-            ch.add_done_callback(lambda c: c.cancelled() or c.exception() or c.result().abort())
+            ch.add_done_callback(lambda c: c.cancelled() or c.exception() or c.result()[1].abort())
+        for worker, release in [v for v in self._frees.values() if v[0] == address]:
+            release()
         lost = list(self._dask.pop(address, set()))
         if lost:  # their results can never arrive; cancelling ends the collectors waiting on them
             asyncio.ensure_future(self.client.cancel(lost))

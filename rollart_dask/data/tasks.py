@@ -1,10 +1,10 @@
 """The thin task functions the control plane submits: each finds its service in the worker
 (``service(name)``, held by a plugin in data/plugins.py) and calls it.
 
-Batch tasks take a list of items and answer per item ("ok", value) or ("err", message): one bad
-item never fails its neighbours. Tasks pinned to a worker also take the caller's ``topic`` and
-answer on its channel (data/answers.py) instead of in their result; streamed tasks start their
-items and answer each as soon as it is done.
+Batch functions take a list of items and answer per item ("ok", value) or ("err", message): one bad
+item never fails its neighbours. Pinned calls arrive over the caller's channel (data/channels.py) and
+take it as ``reply``: they answer on it instead of in a result (a Dask task of the prefill/decode route
+names it by its topic); streamed ones start their items and answer each as soon as it is done.
 """
 from __future__ import annotations
 
@@ -13,17 +13,12 @@ import time
 
 from distributed import get_worker
 
-from rollart_dask.data.answers import channels
+from rollart_dask.data.channels import Channel, channels, failure, here
 from rollart_dask.data.plugins import ENGINE, ENVHOST, REWARD, TRAINER
 
 
-def failure(e: BaseException) -> tuple[str, str]:
-    """A per-item error answer: the control plane decides retry or fail from it."""
-    return ("err", f"{type(e).__name__}: {e}")
-
-
 def service(name: str, worker=None):
-    worker = worker or get_worker()
+    worker = worker or here.get(None) or get_worker()
     plugin = worker.plugins.get(name)
     if plugin is None or plugin.service is None:
         raise RuntimeError(f"no {name} service on worker {worker.name} (resources {dict(worker.state.total_resources)})")
@@ -47,26 +42,30 @@ def run_batch(fn, payload: bytes, *args):
     return fn(pickle.loads(payload), *args)
 
 
-def _reply(items: list[dict], answers: list, topic: str | None):
+def _channel(reply: Channel | str) -> Channel:
+    """The caller's channel: given (a call that came over it), or named by its topic (a Dask task), which
+    fails the task at once where the caller has none rather than answer into nothing."""
+    return reply if isinstance(reply, Channel) else channels(get_worker()).get(reply)
+
+
+def _reply(items: list[dict], answers: list, reply: Channel | str | None):
     """The answers as the task's result (calls to a pool), or on the caller's channel (pinned calls)."""
-    if topic is None:
+    if reply is None:
         return answers
-    ch = channels(get_worker())
-    ch.check(topic)  # fail the task rather than answer into nothing
-    ch.post_many(topic, [(item["_cid"], a) for item, a in zip(items, answers)])
+    _channel(reply).post_many([(item["_cid"], a) for item, a in zip(items, answers)])
     return len(answers)
 
 
 # -- thin tasks ----------------------------------------------------------------------------
-def generate_batch(items: list[dict], topic: str | None = None):
+def generate_batch(items: list[dict], reply=None):
     try:
         answers = [("ok", c) for c in service(ENGINE).generate(items)]
     except Exception as e:
         answers = [failure(e)] * len(items)
-    return _reply(items, answers, topic)
+    return _reply(items, answers, reply)
 
 
-def reward_batch(items: list[dict], topic: str | None = None):
+def reward_batch(items: list[dict], reply=None):
     """Plain rewards per item (concurrent Lambda invocations when serverless); stateful ones (a
     judge: the control plane sends them to the REWARD pool) as one batched generation."""
     runner = service(REWARD)
@@ -78,7 +77,7 @@ def reward_batch(items: list[dict], topic: str | None = None):
         out[i] = r
     for i, r in zip(judged, runner.score_stateful([items[i] for i in judged]) if judged else []):
         out[i] = r
-    return _reply(items, out, topic)
+    return _reply(items, out, reply)
 
 
 # -- streamed tasks: start the items, answer each on the caller's channel as soon as it is done ---------
@@ -112,12 +111,11 @@ def speed(*key) -> Speed:
     return s
 
 
-def _start(fn, items: list[dict], topic: str, executor, speed_of) -> int:
-    """Start ``fn`` on each item and answer each on ``topic`` when it is done; ``speed_of(item)``: its kind's Speed."""
-    ch = channels(get_worker())
-    ch.check(topic)  # fail the batch now rather than answer into nothing
+def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
+    """Start ``fn`` on each item and answer each on the caller's channel when it is done; ``speed_of(item)``: its kind's Speed."""
+    ch = _channel(reply)
     if items:
-        ch.post(topic, ("started", items[0]["_cid"]), None)  # the caller may send its next batch to this service now
+        ch.post(("free", items[0]["_cid"]), None)  # the caller may send its next batch to this service now
 
     def one(item, pace: Speed):
         t0 = time.perf_counter()
@@ -126,7 +124,7 @@ def _start(fn, items: list[dict], topic: str, executor, speed_of) -> int:
         except Exception as e:  # reported per item; the control plane decides retry/fail
             result = failure(e)
         pace.add(time.perf_counter() - t0)
-        ch.post(topic, item["_cid"], result)
+        ch.post(item["_cid"], result)
 
     t_end = time.perf_counter() + INLINE_S
     for item in items:
@@ -138,24 +136,24 @@ def _start(fn, items: list[dict], topic: str, executor, speed_of) -> int:
     return len(items)
 
 
-def env_reset_stream(items: list[dict], topic: str) -> int:
+def env_reset_stream(items: list[dict], reply) -> int:
     host = service(ENVHOST)
-    return _start(host.reset, items, topic, host.pool, lambda item: speed(ENVHOST, "reset", item["env"], bool(item.get("inject"))))
+    return _start(host.reset, items, reply, host.pool, lambda item: speed(ENVHOST, "reset", item["env"], bool(item.get("inject"))))
 
 
-def env_step_stream(items: list[dict], topic: str) -> int:
+def env_step_stream(items: list[dict], reply) -> int:
     host = service(ENVHOST)
-    return _start(host.step, items, topic, host.pool, lambda item: speed(ENVHOST, "step", host.kind(item["traj_id"])))
+    return _start(host.step, items, reply, host.pool, lambda item: speed(ENVHOST, "step", host.kind(item["traj_id"])))
 
 
-def generate_stream(items: list[dict], topic: str) -> int:
+def generate_stream(items: list[dict], reply) -> int:
     """For engines that batch continuously across calls (emulated, null): each request joins the running
     batch at once and is answered when it finishes, not when its call's slowest does. Inline only where a
     request's time is its own (``answers_alone``): one that waits for its batch says nothing about what a
     hand-off costs."""
     engine = service(ENGINE)
     pace = speed(ENGINE, "generate") if getattr(engine, "answers_alone", False) else _NEVER_INLINE
-    return _start(lambda item: engine.generate([item])[0], items, topic, engine.pool, lambda item: pace)
+    return _start(lambda item: engine.generate([item])[0], items, reply, engine.pool, lambda item: pace)
 
 
 _NEVER_INLINE = Speed(fast_s=0.0)
@@ -201,8 +199,9 @@ def service_stats(dask_worker=None) -> dict:
     return out
 
 
-def env_close_batch(items: list[dict], topic: str | None = None):
-    return _reply(items, _per_item(lambda item: service(ENVHOST).close(item["traj_id"]), items), topic)
+def env_close_batch(items: list[dict], reply=None):
+    host = service(ENVHOST)
+    return _reply(items, _per_item(lambda item: host.close(item["traj_id"]), items), reply)
 
 
 # -- prefill/decode disaggregation (rollout.pd): the two tasks of a disaggregated generate call ------------
@@ -233,14 +232,13 @@ def decode_stream(prefilled: list, items: list[dict], topic: str) -> int:
     """Streamed decode (engines that batch continuously across calls): each request is answered on
     the caller's channel as soon as it is done (see generate_stream)."""
     engine = service(ENGINE)
-    ch = channels(get_worker())
-    ch.check(topic)
+    ch = _channel(topic)
     if items:
-        ch.post(topic, ("started", items[0]["_cid"]), None)
+        ch.post(("free", items[0]["_cid"]), None)
 
     def one(pair):
         item, result = pair
-        ch.post(topic, item["_cid"], _decode_items(engine, [result])[0])
+        ch.post(item["_cid"], _decode_items(engine, [result])[0])
 
     for pair in zip(items, prefilled):
         engine.pool.submit(one, pair)

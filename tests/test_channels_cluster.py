@@ -1,15 +1,17 @@
-"""Answers of pinned calls travel over the dispatcher's own comm to each worker (data/answers.py), not through
-the scheduler: what happens when that comm breaks, when a task finds no channel, and when nothing answers."""
+"""Pinned calls and their answers travel over the dispatcher's own comm to each worker (data/channels.py), not
+through the scheduler: what happens when that comm breaks, when a task finds no channel, when nothing answers;
+and that each batch still shows in the scheduler's task stream and its span's fine performance metrics."""
 import asyncio
 import pickle
 import time
 
 import pytest
-from distributed import Client
+from dask.utils import key_split
+from distributed import Client, span
 
 from rollart_dask.control.dispatch import CallFailed, Dispatcher
 from rollart_dask.data import plugins, tasks
-from rollart_dask.data.answers import NoChannel
+from rollart_dask.data.channels import NoChannel
 from rollart_dask.resource.pools import PoolMap, submit_kwargs
 
 
@@ -35,7 +37,7 @@ def test_a_broken_channel_fails_its_open_calls_and_the_next_call_opens_a_new_one
                 slow = asyncio.ensure_future(call("slow", 3.0))
                 await asyncio.sleep(0.5)  # its task has started; its answer would come on the channel
                 t0 = time.monotonic()
-                (await d._channels[cpu]).abort()  # the comm breaks (the worker's side sees it closed)
+                (await d._channels[cpu])[0].abort()  # the comm breaks (the worker's side sees it closed)
                 failed = await asyncio.gather(slow, return_exceptions=True)
                 waited = time.monotonic() - t0
                 obs, info = await call("after", 0.0)
@@ -44,7 +46,7 @@ def test_a_broken_channel_fails_its_open_calls_and_the_next_call_opens_a_new_one
                 d.close()
 
     failed, waited, obs = run_async(go(), timeout=120)
-    assert isinstance(failed, CallFailed) and "answer channel" in str(failed), failed
+    assert isinstance(failed, CallFailed) and "channel to" in str(failed), failed
     assert waited < 2.0, f"the open call waited {waited:.1f}s for an answer that could not come"
     assert "turn 0" in obs  # answered over a new channel
 
@@ -59,7 +61,7 @@ def test_a_batch_task_without_a_channel_fails_at_once(address, run_async):
             Dispatcher(client).close()
             payload = pickle.dumps([dict(_reset("orphan"), _cid=0)])
             fut = client.submit(tasks.run_batch, tasks.env_reset_stream, payload, "no-such-topic", **submit_kwargs("CPU", cpu))
-            with pytest.raises(NoChannel, match="no answer channel"):
+            with pytest.raises(NoChannel, match="no channel for no-such-topic"):
                 await fut
 
     run_async(go(), timeout=120)
@@ -82,3 +84,42 @@ def test_a_call_nobody_answers_times_out_on_time(address, run_async):
     took, deadlines = run_async(go(), timeout=120)
     assert 1.0 <= took < 2.5, took
     assert not deadlines  # nothing left in the timer
+
+
+def _batch_seconds(dask_scheduler, span_id: str) -> dict:
+    metrics = dask_scheduler.extensions["spans"].spans[span_id]._cumulative_worker_metrics
+    return {k[1]: v for k, v in metrics.items() if k[0] == "execute" and k[2] == "rollart-batch"}
+
+
+def test_each_batch_shows_in_the_task_stream_and_in_its_span(address, run_async):
+    """Batches are no Dask tasks, yet the dashboard shows them: the worker reports each (about once a second)
+    and the scheduler files it into the task stream and into the fine performance metrics of its span."""
+
+    async def go():
+        async with Client(address, asynchronous=True) as client:
+            cpu = await _env_worker(client)
+            await client.get_task_stream(start=time.time())  # installs the recorder
+            t0 = time.time()
+            d = Dispatcher(client)
+            try:
+                with span("channels-test") as span_id:
+                    await client.submit(int, 1, pure=False)  # a span the scheduler knows holds a task
+                    for name in ("a", "b", "c"):
+                        await d.call("env-reset", tasks.env_reset_stream, _reset(name, 0.05), pool="CPU", worker=cpu, timeout=60,
+                                     streamed=True)
+                for _ in range(50):  # reports leave the worker about once a second
+                    stream = [r for r in await client.get_task_stream(start=t0) if key_split(r["key"]) == "env-reset"]
+                    seconds = await client.run_on_scheduler(_batch_seconds, span_id=span_id)
+                    if len(stream) >= 3 and seconds:
+                        break
+                    await asyncio.sleep(0.2)
+                return stream, seconds
+            finally:
+                d.close()
+
+    stream, seconds = run_async(go(), timeout=120)
+    assert len(stream) == 3 and len({r["worker"] for r in stream}) == 1, stream
+    for r in stream:
+        (ss,) = r["startstops"]
+        assert ss["action"] == "compute" and ss["stop"] - ss["start"] >= 0.05  # from the batch's arrival to its last answer
+    assert seconds.get("env-reset", 0) >= 0.15, seconds
