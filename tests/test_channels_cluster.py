@@ -123,3 +123,19 @@ def test_each_batch_shows_in_the_task_stream_and_in_its_span(address, run_async)
         (ss,) = r["startstops"]
         assert ss["action"] == "compute" and ss["stop"] - ss["start"] >= 0.05  # from the batch's arrival to its last answer
     assert seconds.get("env-reset", 0) >= 0.15, seconds
+
+
+def test_a_late_report_is_filed_in_stop_order():
+    """The task stream is searched by stop time: a batch reported after tasks that ended later goes before them."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from rollart_dask.data.channels import file_in_order
+
+    def rec(stop):
+        return {"key": f"k-{stop}", "startstops": ({"action": "compute", "start": stop - 1, "stop": stop},)}
+
+    stream = SimpleNamespace(buffer=deque([rec(1), rec(3), rec(5)], maxlen=4), index=3)
+    file_in_order(stream, rec(4))
+    file_in_order(stream, rec(6))  # full: the oldest leaves, as on append
+    assert [r["startstops"][0]["stop"] for r in stream.buffer] == [3, 4, 5, 6] and stream.index == 5

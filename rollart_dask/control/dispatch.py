@@ -61,6 +61,7 @@ class WorkerLost(RuntimeError):
 
 
 log = logging.getLogger("rollart_dask")
+SWEEP_S = 0.1  # the resolution of call timeouts
 
 
 class Dispatcher:
@@ -82,7 +83,8 @@ class Dispatcher:
         self._channels: dict[str, asyncio.Future] = {}  # worker → (comm, its BatchedSend), once opening started
         self._readers: set[asyncio.Task] = set()
         self._plugin: asyncio.Future | None = None  # the channels' handler on every worker, registered once
-        self._deadlines: dict[asyncio.Future, tuple[float, str]] = {}  # open call → (when it times out, its message)
+        self._deadlines: dict[asyncio.Future, tuple] = {}  # open call → (its tick on the wheel, stage, where, timeout)
+        self._wheel: dict[int, set] = defaultdict(set)  # tick (SWEEP_S) → the open calls that time out in it
         self._frees: dict[int, tuple[str, object]] = {}  # batch (its first call id) → (worker, frees its slot)
         self._sweeper: asyncio.Task | None = None
 
@@ -197,7 +199,9 @@ class Dispatcher:
         else:
             self._launch(key, [(item, fut)])
         if timeout is not None:
-            self._deadlines[fut] = (loop.time() + timeout, f"{stage} on {worker or pool} gave no answer in {timeout:.0f}s")
+            tick = int((loop.time() + timeout) / SWEEP_S) + 1  # swept once that tick has begun: never early
+            self._deadlines[fut] = (tick, stage, worker or pool, timeout)
+            self._wheel[tick].add(fut)
             if self._sweeper is None:
                 self._sweeper = asyncio.ensure_future(self._sweep())
         t0 = time.perf_counter()
@@ -208,7 +212,9 @@ class Dispatcher:
             status, value = await fut
             self.latency[stage].append(time.perf_counter() - t0)
         finally:
-            self._deadlines.pop(fut, None)
+            timer = self._deadlines.pop(fut, None)
+            if timer is not None:
+                self._wheel.get(timer[0], set()).discard(fut)
             if worker is not None:
                 self._by_worker[worker].discard(fut)
                 self._answers.pop(item["_cid"], None)
@@ -216,17 +222,21 @@ class Dispatcher:
             raise CallFailed(f"{stage}: {value}")
         return value
 
-    async def _sweep(self, every_s: float = 0.1) -> None:
-        """One timer for every open call (an asyncio timeout per call costs a timer handle and heap work each)."""
+    async def _sweep(self) -> None:
+        """One timer for every open call, a wheel of SWEEP_S ticks: each sweep takes the calls of the ticks that have
+        begun since the last, never the others (an asyncio timeout per call costs a timer handle and heap work each)."""
         loop = asyncio.get_running_loop()
+        swept = min(self._wheel, default=int(loop.time() / SWEEP_S) + 1) - 1  # from the earliest open call's tick
         while True:
-            await asyncio.sleep(every_s)
-            now = loop.time()
-            for fut, (deadline, message) in list(self._deadlines.items()):
-                if deadline <= now:
-                    del self._deadlines[fut]
-                    if not fut.done():
-                        fut.set_exception(TimeoutError(message))
+            await asyncio.sleep(SWEEP_S)
+            now = int(loop.time() / SWEEP_S)
+            for tick in range(swept + 1, now + 1):
+                for fut in self._wheel.pop(tick, ()):
+                    timer = self._deadlines.pop(fut, None)
+                    if timer is not None and not fut.done():
+                        _, stage, where, timeout = timer
+                        fut.set_exception(TimeoutError(f"{stage} on {where} gave no answer in {timeout:.0f}s"))
+            swept = now
 
     def _flush(self, key: tuple) -> None:
         # At most max_inflight batches per service: later calls wait and join the next, larger batch

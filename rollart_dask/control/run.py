@@ -20,6 +20,7 @@ from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
 from rollart_dask.control import phases, wiring
 from rollart_dask.control.buffer import Group, SampleBuffer
+from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
 from rollart_dask.control.launcher import Launcher
 from rollart_dask.control.telemetry import Telemetry, pd_metrics
@@ -297,6 +298,10 @@ class Run:
     # -- the whole run ------------------------------------------------------------------------------
     async def run(self, on_step=None) -> dict:
         """Run the flow to its end; returns first/last held-out evaluations and the counts."""
+        with fewer_collections():  # thousands of trajectories in flight: see control/collector.py
+            return await self._run(on_step)
+
+    async def _run(self, on_step) -> dict:
         cfg, s = self.cfg, self.services
         self.t_start = self.progress_at = time.monotonic()  # set-up (model loads, warm start) is not a stall
         # one Dask span for the run: the first evaluation, rollout and every step nest in it

@@ -224,12 +224,28 @@ class BatchesFeed(SchedulerPlugin):
         for key, span_ids, start, stop, thread in msg.get("batches", ()):
             key = tuple(key) if isinstance(key, list) else key  # (msgpack made the tuple a list)
             if stream is not None:
-                stream.buffer.append({"key": key, "worker": worker, "thread": thread, "status": "OK", "nbytes": 0,
-                                      "startstops": ({"action": "compute", "start": start, "stop": stop},)})
-                stream.index += 1
+                file_in_order(stream, {"key": key, "worker": worker, "thread": thread, "status": "OK", "nbytes": 0,
+                                       "startstops": ({"action": "compute", "start": start, "stop": stop},)})
             known = spans and next((spans.spans[i] for i in reversed(span_ids or ()) if i in spans.spans), None)
             if known:
                 known._cumulative_worker_metrics["execute", key_split(key), ACTIVITY, "seconds"] += stop - start
+
+
+def file_in_order(stream, record: dict, look_back: int = 10_000) -> None:
+    """Into the task stream's buffer where its stop time puts it: the buffer is searched by stop time (bisection)
+    and a batch is reported up to a second after it ended, after tasks that ended later."""
+    buf, stop = stream.buffer, record["startstops"][0]["stop"]
+    i = len(buf)
+    while i > 0 and len(buf) - i < look_back and max(s["stop"] for s in buf[i - 1]["startstops"]) > stop:
+        i -= 1
+    if i == len(buf):
+        buf.append(record)
+    else:
+        if len(buf) == buf.maxlen:
+            buf.popleft()  # (what a full buffer's append would have dropped)
+            i -= 1
+        buf.insert(max(i, 0), record)
+    stream.index += 1
 
 
 def channels(worker) -> Channels:

@@ -85,20 +85,37 @@ INLINE_S = 0.002  # a streamed batch runs its items in its own thread while they
 
 
 class Speed:
-    """How long one kind of item takes (an exponential mean over its recent calls). Items of a kind that has been
-    fast run in the batch's own thread, one after the other, for at most INLINE_S per batch: a hand-off to another
-    thread costs more than they do. The others go to the service's pool. An item that turns out slow holds back
-    the rest of its batch by its own time, once: it pushes its kind's mean up, and the next batches hand it off."""
+    """How long one kind of item takes. Items of a kind that has been fast run in the batch's own thread (the worker's
+    event loop), one after the other, for at most INLINE_S per batch: a hand-off to another thread costs more than
+    they do. The others go to the service's pool. An item that turns out slow holds back the rest of its batch by its
+    own time, once: it pushes its kind's time up, and the next batches hand it off.
+
+    Times taken in the pool include the waits for the GIL of many busy threads, so a fast kind timed only there looks
+    slow and would stay in the pool: a kind that looks no slower than PROBE_CEIL_S runs alone now and then (one item
+    in PROBE_EVERY) to be timed alone, and its time alone is what decides."""
+
+    PROBE_CEIL_S = 0.002
+    PROBE_EVERY = 16
 
     def __init__(self, fast_s: float = 0.0005):
-        self.fast_s, self.mean_s = fast_s, None
+        self.fast_s, self.mean_s, self.alone_s, self._n = fast_s, None, None, 0
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, alone: bool = False) -> None:
         self.mean_s = seconds if self.mean_s is None else 0.9 * self.mean_s + 0.1 * seconds
+        if alone:
+            self.alone_s = seconds if self.alone_s is None else 0.9 * self.alone_s + 0.1 * seconds
 
     @property
     def fast(self) -> bool:
-        return self.mean_s is not None and self.mean_s < self.fast_s
+        seconds = self.alone_s if self.alone_s is not None else self.mean_s
+        return seconds is not None and seconds < self.fast_s
+
+    def probe(self) -> bool:
+        """Whether this item of a kind that looks slow (but not very) should run alone, to be timed."""
+        if self.fast_s <= 0 or self.mean_s is None or self.mean_s >= self.PROBE_CEIL_S:
+            return False
+        self._n += 1
+        return self._n % self.PROBE_EVERY == 0
 
 
 _speeds: dict[tuple, Speed] = {}  # (service, method, kind) → its Speed, per worker process
@@ -112,27 +129,45 @@ def speed(*key) -> Speed:
 
 
 def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
-    """Start ``fn`` on each item and answer each on the caller's channel when it is done; ``speed_of(item)``: its kind's Speed."""
+    """Start ``fn`` on each item and answer each on the caller's channel when it is done; ``speed_of(item)``: its kind's Speed.
+    Fast items run here, INLINE_S at a time; on the worker's event loop (a batch that came over the channel) the fast
+    ones beyond that run in later turns of the loop, INLINE_S each, with the loop's other work between — not in the
+    pool, where hundreds of tiny items would cost a hand-off each and wait for the GIL among its threads."""
     ch = _channel(reply)
     if items:
         ch.post(("free", items[0]["_cid"]), None)  # the caller may send its next batch to this service now
+    on_loop = here.get(None) is not None
 
-    def one(item, pace: Speed):
+    def one(item, pace: Speed, alone: bool):
         t0 = time.perf_counter()
         try:
             result = ("ok", fn(item))
         except Exception as e:  # reported per item; the control plane decides retry/fail
             result = failure(e)
-        pace.add(time.perf_counter() - t0)
+        pace.add(time.perf_counter() - t0, alone)
         ch.post(item["_cid"], result)
 
-    t_end = time.perf_counter() + INLINE_S
+    def inline(fast: list) -> None:
+        t_end = time.perf_counter() + INLINE_S
+        for i, (item, pace) in enumerate(fast):
+            if time.perf_counter() >= t_end:
+                ch.worker.loop.add_callback(inline, fast[i:])
+                return
+            one(item, pace, True)
+
+    fast, t_end = [], time.perf_counter() + INLINE_S
     for item in items:
         pace = speed_of(item)
-        if pace.fast and time.perf_counter() < t_end:
-            one(item, pace)
+        if not (pace.fast or pace.probe()):
+            executor.submit(one, item, pace, False)
+        elif on_loop:
+            fast.append((item, pace))
+        elif time.perf_counter() < t_end:
+            one(item, pace, True)
         else:
-            executor.submit(one, item, pace)
+            executor.submit(one, item, pace, False)
+    if fast:
+        inline(fast)
     return len(items)
 
 
