@@ -34,11 +34,14 @@ class EnvHost:
     kept is the one whose observation the control plane got); steps and closes of a trajectory take
     turns; a reset that comes after its trajectory's close is refused."""
 
-    def __init__(self, threads: int = 64):
+    def __init__(self, threads: int = 512):
         self.envs: dict[str, object] = {}
         self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0, "superseded": 0}
-        # Every call on its own thread: envs wait on containers, networks and sandboxes far more than
+        # Every slow call on its own thread: envs wait on containers, networks and sandboxes far more than
         # they compute, and one slow env.step must not delay any other (see dispatch.py, streamed calls).
+        # Enough threads for every env a worker holds to wait at once (eager α=4 puts 160 on each of two
+        # workers in the multi-task ablation; at 64 a reset queued ~40 ms behind sleeping ones): a waiting
+        # thread costs no CPU, and fast calls never come here (data/tasks.py, Speed).
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="envhost")
         self._lock = threading.Lock()
         self._attempt: OrderedDict[str, int] = OrderedDict()  # trajectory → its latest reset attempt (recent ones)
