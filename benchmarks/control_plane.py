@@ -97,6 +97,7 @@ async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = (
         wall = time.monotonic() - t0
         cpu1 = (_client_cpu_s(), await client.run(_cpu_s), await client.run_on_scheduler(_cpu_s))
         sent = await client.run_on_scheduler(_scheduler_sent) - sent0
+        await run.stop()
     finally:
         await client.close()
         await cluster.close()
