@@ -41,6 +41,7 @@ def main(flow, minutes, target, out, overrides):
         cfg = load_flow(flow, [*mode_over, f"trainer.max_minutes={minutes}", "trainer.steps=100000", "observe.progress=false", *overrides])
         out_dir = Path(out) / name.split()[0]
         console.print(f"[bold]{name}[/bold]: {cfg.rollout.mode} level={cfg.rollout.level} α={cfg.rollout.alpha}")
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a run appends to its directory's log: read this run's rows only
         res = run_sync(cfg, out_dir)
         rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").open()]
         task = cfg.tasks[0].name
