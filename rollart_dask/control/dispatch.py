@@ -176,7 +176,7 @@ class Dispatcher:
 
     async def call(self, stage: str, fn, item: dict, pool: str, worker: str | None = None, timeout: float | None = None, streamed: bool = False):
         """Run ``fn([item])[0]`` on a worker of ``pool`` (or exactly ``worker``); raise CallFailed on an item error.
-        Pinned calls pass ``fn(items, topic)`` this dispatcher's channel, on which the worker answers each item
+        Pinned calls run as ``fn(items, channel)`` on the worker, answering each item on this dispatcher's channel
         (``streamed``: as soon as each is done, see the module doc). ``fn`` may also be a route with
         ``submit(client, args, streamed) -> future`` (control/proxy.PDRoute: a prefill task, then a decode task on ``worker``
         that takes its future); ``pool``/``worker`` are then the last task's. The dispatcher owns ``item`` from here."""
