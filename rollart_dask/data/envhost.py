@@ -48,10 +48,11 @@ class EnvHost:
         self._turns: dict[str, list] = {}  # trajectory → [lock, holders]: its step and close take turns
         self._closed: OrderedDict[str, None] = OrderedDict()  # trajectories closed by the control plane (recent ones)
 
-    def _count(self, kind: str, t0: float) -> None:
+    def _count(self, kind: str, t0: float, done: bool = True) -> None:
+        """A call's time inside the host, failed ones too (the caller waited for them as well); ``kind`` counts the done."""
         with self._lock:  # calls of a batch finish on several threads
             dt = time.perf_counter() - t0
-            self.stats[kind] += 1
+            self.stats[kind] += done
             self.stats[f"{kind}_s"] += dt
             self.stats["busy_s"] += dt  # env-seconds: over 1 per wall second when calls overlap
 
@@ -89,6 +90,7 @@ class EnvHost:
             info["action_choices"] = list(getattr(env, "action_choices", None) or [])
         except BaseException:
             env.close()
+            self._count("resets", t0, done=False)
             raise
         with self._lock:
             current = self._attempt.get(tid) == attempt and tid not in self._closed
@@ -114,7 +116,11 @@ class EnvHost:
             env = self.envs.get(tid)
             if env is None:
                 raise KeyError(f"no env for trajectory {tid} on this worker (closed, or lost with a restart?)")
-            obs, reward, terminated, truncated, info = env.step(item["action"])
+            try:
+                obs, reward, terminated, truncated, info = env.step(item["action"])
+            except BaseException:
+                self._count("steps", t0, done=False)
+                raise
             if terminated or truncated or item.get("last"):
                 self._drop(tid)
         self._count("steps", t0)
