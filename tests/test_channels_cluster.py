@@ -4,6 +4,7 @@ and that each batch still shows in the scheduler's task stream and its span's fi
 import asyncio
 import pickle
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 from dask.utils import key_split
@@ -25,25 +26,32 @@ async def _env_worker(client) -> str:
     return PoolMap.from_scheduler_info(await client.scheduler.identity()).members("CPU")[0]
 
 
+@asynccontextmanager
+async def _dispatcher(address):
+    """A client, a CPU worker with an env host, and a dispatcher closed at the end: (client, worker, dispatcher)."""
+    async with Client(address, asynchronous=True) as client:
+        cpu = await _env_worker(client)
+        d = Dispatcher(client)
+        try:
+            yield client, cpu, d
+        finally:
+            d.close()
+
+
 def test_a_broken_channel_fails_its_open_calls_and_the_next_call_opens_a_new_one(address, run_async):
     async def go():
-        async with Client(address, asynchronous=True) as client:
-            cpu = await _env_worker(client)
-            d = Dispatcher(client)
-            try:
-                call = lambda name, s: d.call("env-reset", tasks.env_reset_stream, _reset(name, s), pool="CPU", worker=cpu,
-                                              timeout=60, streamed=True)
-                await call("warm", 0.0)  # opens the channel
-                slow = asyncio.ensure_future(call("slow", 3.0))
-                await asyncio.sleep(0.5)  # its task has started; its answer would come on the channel
-                t0 = time.monotonic()
-                (await d._channels[cpu])[0].abort()  # the comm breaks (the worker's side sees it closed)
-                failed = await asyncio.gather(slow, return_exceptions=True)
-                waited = time.monotonic() - t0
-                obs, info = await call("after", 0.0)
-                return failed[0], waited, obs
-            finally:
-                d.close()
+        async with _dispatcher(address) as (client, cpu, d):
+            call = lambda name, s: d.call("env-reset", tasks.env_reset_stream, _reset(name, s), pool="CPU", worker=cpu,
+                                          timeout=60, streamed=True)
+            await call("warm", 0.0)  # opens the channel
+            slow = asyncio.ensure_future(call("slow", 3.0))
+            await asyncio.sleep(0.5)  # its task has started; its answer would come on the channel
+            t0 = time.monotonic()
+            (await d._channels[cpu])[0].abort()  # the comm breaks (the worker's side sees it closed)
+            failed = await asyncio.gather(slow, return_exceptions=True)
+            waited = time.monotonic() - t0
+            obs, info = await call("after", 0.0)
+            return failed[0], waited, obs
 
     failed, waited, obs = run_async(go(), timeout=120)
     assert isinstance(failed, CallFailed) and "channel to" in str(failed), failed
@@ -69,17 +77,12 @@ def test_a_batch_task_without_a_channel_fails_at_once(address, run_async):
 
 def test_a_call_nobody_answers_times_out_on_time(address, run_async):
     async def go():
-        async with Client(address, asynchronous=True) as client:
-            cpu = await _env_worker(client)
-            d = Dispatcher(client)
-            try:
-                t0 = time.monotonic()
-                with pytest.raises(TimeoutError, match="env-reset on .* gave no answer in 1s"):
-                    await d.call("env-reset", tasks.env_reset_stream, _reset("late", 4.0), pool="CPU", worker=cpu, timeout=1.0,
-                                 streamed=True)
-                return time.monotonic() - t0, d._deadlines
-            finally:
-                d.close()
+        async with _dispatcher(address) as (client, cpu, d):
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError, match="env-reset on .* gave no answer in 1s"):
+                await d.call("env-reset", tasks.env_reset_stream, _reset("late", 4.0), pool="CPU", worker=cpu, timeout=1.0,
+                             streamed=True)
+            return time.monotonic() - t0, d._deadlines
 
     took, deadlines = run_async(go(), timeout=120)
     assert 1.0 <= took < 2.5, took
@@ -96,26 +99,21 @@ def test_each_batch_shows_in_the_task_stream_and_in_its_span(address, run_async)
     and the scheduler files it into the task stream and into the fine performance metrics of its span."""
 
     async def go():
-        async with Client(address, asynchronous=True) as client:
-            cpu = await _env_worker(client)
+        async with _dispatcher(address) as (client, cpu, d):
             await client.get_task_stream(start=time.time())  # installs the recorder
             t0 = time.time()
-            d = Dispatcher(client)
-            try:
-                with span("channels-test") as span_id:
-                    await client.submit(int, 1, pure=False)  # a span the scheduler knows holds a task
-                    for name in ("a", "b", "c"):
-                        await d.call("env-reset", tasks.env_reset_stream, _reset(name, 0.05), pool="CPU", worker=cpu, timeout=60,
-                                     streamed=True)
-                for _ in range(50):  # reports leave the worker about once a second
-                    stream = [r for r in await client.get_task_stream(start=t0) if key_split(r["key"]) == "env-reset"]
-                    seconds = await client.run_on_scheduler(_batch_seconds, span_id=span_id)
-                    if len(stream) >= 3 and seconds:
-                        break
-                    await asyncio.sleep(0.2)
-                return stream, seconds
-            finally:
-                d.close()
+            with span("channels-test") as span_id:
+                await client.submit(int, 1, pure=False)  # a span the scheduler knows holds a task
+                for name in ("a", "b", "c"):
+                    await d.call("env-reset", tasks.env_reset_stream, _reset(name, 0.05), pool="CPU", worker=cpu, timeout=60,
+                                 streamed=True)
+            for _ in range(50):  # reports leave the worker about once a second
+                stream = [r for r in await client.get_task_stream(start=t0) if key_split(r["key"]) == "env-reset"]
+                seconds = await client.run_on_scheduler(_batch_seconds, span_id=span_id)
+                if len(stream) >= 3 and seconds:
+                    break
+                await asyncio.sleep(0.2)
+            return stream, seconds
 
     stream, seconds = run_async(go(), timeout=120)
     assert len(stream) == 3 and len({r["worker"] for r in stream}) == 1, stream

@@ -24,6 +24,7 @@ import pickle
 import threading
 import time
 
+from dask.utils import key_split
 from distributed import SchedulerPlugin, WorkerPlugin
 from distributed.batched import BatchedSend
 from distributed.core import Status
@@ -216,8 +217,6 @@ class BatchesFeed(SchedulerPlugin):
     def log_event(self, topic: str, msg) -> None:
         if topic != BATCHES_TOPIC or not isinstance(msg, dict):
             return
-        from dask.utils import key_split
-
         stream = self.scheduler.plugins.get("task-stream")
         spans = self.scheduler.extensions.get("spans")
         worker = msg.get("worker")

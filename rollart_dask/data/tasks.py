@@ -130,13 +130,12 @@ def speed(*key) -> Speed:
 
 def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
     """Start ``fn`` on each item and answer each on the caller's channel when it is done; ``speed_of(item)``: its kind's Speed.
-    Fast items run here, INLINE_S at a time; on the worker's event loop (a batch that came over the channel) the fast
-    ones beyond that run in later turns of the loop, INLINE_S each, with the loop's other work between — not in the
-    pool, where hundreds of tiny items would cost a hand-off each and wait for the GIL among its threads."""
+    Fast items run here, INLINE_S at a time, and those beyond that in later turns of the worker's event loop, INLINE_S
+    each, with the loop's other work between — not in the pool, where hundreds of tiny items would cost a hand-off
+    each and wait for the GIL among its threads."""
     ch = _channel(reply)
     if items:
         ch.post(("free", items[0]["_cid"]), None)  # the caller may send its next batch to this service now
-    on_loop = here.get(None) is not None
 
     def one(item, pace: Speed, alone: bool):
         t0 = time.perf_counter()
@@ -155,15 +154,11 @@ def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
                 return
             one(item, pace, True)
 
-    fast, t_end = [], time.perf_counter() + INLINE_S
+    fast = []
     for item in items:
         pace = speed_of(item)
-        if not (pace.fast or pace.probe()):
-            executor.submit(one, item, pace, False)
-        elif on_loop:
+        if pace.fast or pace.probe():
             fast.append((item, pace))
-        elif time.perf_counter() < t_end:
-            one(item, pace, True)
         else:
             executor.submit(one, item, pace, False)
     if fast:
