@@ -148,17 +148,22 @@ def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
 
     def inline(fast: list) -> None:
         t_end = time.perf_counter() + INLINE_S
-        for i, (item, pace) in enumerate(fast):
-            if time.perf_counter() >= t_end:
+        for i, (item, pace, probe) in enumerate(fast):
+            if not (probe or pace.fast):  # its kind turned out slow meanwhile: the rest of it goes to the pool
+                executor.submit(one, item, pace, False)
+            elif time.perf_counter() >= t_end:
                 ch.worker.loop.add_callback(inline, fast[i:])
                 return
-            one(item, pace, True)
+            else:
+                one(item, pace, True)
 
     fast = []
     for item in items:
         pace = speed_of(item)
-        if pace.fast or pace.probe():
-            fast.append((item, pace))
+        if pace.fast:
+            fast.append((item, pace, False))
+        elif pace.probe():
+            fast.append((item, pace, True))
         else:
             executor.submit(one, item, pace, False)
     if fast:
