@@ -13,9 +13,10 @@ embedded cluster) and the worker processes.
     python benchmarks/control_plane.py --service-bound      # 128 in flight, 50 ms / 10 ms services: added latency per call
 
 ``--compare`` measures, in the same process and on the same embedded cluster, a bare coalescing loop:
-the same number of trajectories in flight, 4 turns of generate + env.step each, the calls of one
-event-loop tick to one service sent as one Dask task (resource-annotated, gathered) whose answers are
-nothing — no runtime at all. It alternates bare and runtime three times per size and prints
+the same number of trajectories in flight, each making the calls the runtime makes for one — env.reset,
+4 turns of generate + env.step, reward: 10 calls per 4 turns —, the calls of one event-loop tick to
+one service sent as one Dask task (resource-annotated, gathered) whose answers are nothing — no
+runtime at all. It alternates bare and runtime three times per size and prints
 runtime / bare. The runtime's pinned calls no longer travel as Dask tasks (they go straight to
 their workers), so the ratio may pass 1: the bare loop is the transport the runtime stood on.
 """
@@ -110,7 +111,7 @@ async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = (
     return {"inflight": inflight, "batch_trajectories": cfg.rollout.batch_groups * 8, "steps": len(st), "turns": turns, "wall_s": wall,
             "turns_per_s": turns / wall, "generate_p50_ms": lat["generate", "p50"], "env_step_p50_ms": lat["env-step", "p50"],
             "generate_p99_ms": lat["generate", "p99"], "env_step_p99_ms": lat["env-step", "p99"],
-            "batches_per_turn": run.d.futures / max(turns, 1), "scheduler_msgs_per_turn": sent / max(turns, 1),
+            "batches_per_turn": run.d.futures / max(turns, 1), "calls_per_turn": run.d.calls / max(turns, 1), "scheduler_msgs_per_turn": sent / max(turns, 1),
             "cpu_s": {"client": cpu1[0] - cpu0[0], "scheduler": cpu1[2] - cpu0[2], "workers": workers,
                       "per_worker": {a: round(cpu1[1][a] - cpu0[1].get(a, 0.0), 2) for a in cpu1[1]}}}
 
@@ -121,10 +122,11 @@ def null_batch(items: list) -> list:
 
 
 async def bare_loop(client, inflight: int, seconds: float, turns: int = 4) -> dict:
-    """Trajectories of ``turns`` × (generate on H800, env.step on CPU) kept ``inflight`` at a time for
-    ``seconds``; each service's calls of one tick go out as one task. Returns turns/s and per-call latency."""
+    """Trajectories of env.reset (CPU), ``turns`` × (generate on H800, env.step on CPU), reward (REWARD) — the
+    runtime's calls for one — kept ``inflight`` at a time for ``seconds``; each service's calls of one tick go out
+    as one task. Returns turns/s, calls per turn and per-call latency."""
     loop = asyncio.get_running_loop()
-    pools = {"generate": "H800", "env-step": "CPU"}
+    pools = {"env-reset": "CPU", "generate": "H800", "env-step": "CPU", "reward": "REWARD"}
     pending: dict[str, list] = {svc: [] for svc in pools}
     latency: list[float] = []
     done_turns = 0
@@ -154,16 +156,18 @@ async def bare_loop(client, inflight: int, seconds: float, turns: int = 4) -> di
     async def trajectories() -> None:
         nonlocal done_turns
         while time.monotonic() < stop_at:
+            await call("env-reset")
             for _ in range(turns):
                 await call("generate")
                 await call("env-step")
+            await call("reward")
             done_turns += turns
 
     t0 = time.monotonic()
     await asyncio.gather(*(trajectories() for _ in range(inflight)))
     wall = time.monotonic() - t0
     latency.sort()
-    return {"turns": done_turns, "wall_s": wall, "turns_per_s": done_turns / wall,
+    return {"turns": done_turns, "wall_s": wall, "turns_per_s": done_turns / wall, "calls_per_turn": len(latency) / max(done_turns, 1),
             "call_p50_ms": 1e3 * latency[len(latency) // 2], "call_p99_ms": 1e3 * latency[int(len(latency) * 0.99)]}
 
 
@@ -182,6 +186,7 @@ async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path, ov
                 await cluster.close()
             row = {"inflight": n, "round": r + 1, "bare_turns_per_s": bare["turns_per_s"], "runtime_turns_per_s": rt["turns_per_s"],
                    "ratio": rt["turns_per_s"] / bare["turns_per_s"], "bare_call_p50_ms": bare["call_p50_ms"],
+                   "bare_calls_per_turn": bare["calls_per_turn"], "runtime_calls_per_turn": rt["calls_per_turn"],
                    "bare_call_p99_ms": bare["call_p99_ms"], "runtime": rt}
             console.print({k: v for k, v in row.items() if k != "runtime"})
             rows.append(row)
@@ -221,14 +226,15 @@ def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
     if compare_:
         rows = asyncio.run(compare(tuple(inflight), steps, rounds, out, list(overrides)))
         table = Table(title="runtime vs bare coalescing loop (null services, 4 turns per trajectory; same cluster spec, 2 cores)")
-        for col in ("in flight", "round", "bare turns/s", "runtime turns/s", "runtime / bare", "bare call p50 / p99 ms",
+        for col in ("in flight", "round", "bare turns/s", "runtime turns/s", "runtime / bare", "calls per turn: bare / runtime", "bare call p50 / p99 ms",
                     "runtime generate / env.step p50 / p99 ms", "runtime CPU ms per turn: client / scheduler / workers", "batches per turn",
                     "scheduler messages sent per turn"):
             table.add_column(col)
         for r in rows:
             rt = r["runtime"]
             table.add_row(str(r["inflight"]), str(r["round"]), f"{r['bare_turns_per_s']:.0f}", f"{r['runtime_turns_per_s']:.0f}",
-                          f"{r['ratio']:.2f}", f"{r['bare_call_p50_ms']:.1f} / {r['bare_call_p99_ms']:.1f}",
+                          f"{r['ratio']:.2f}", f"{r['bare_calls_per_turn']:.2f} / {r['runtime_calls_per_turn']:.2f}",
+                          f"{r['bare_call_p50_ms']:.1f} / {r['bare_call_p99_ms']:.1f}",
                           f"{rt['generate_p50_ms']:.1f} / {rt['env_step_p50_ms']:.1f} / {rt['generate_p99_ms']:.0f} / {rt['env_step_p99_ms']:.0f}",
                           _cpu_ms_per_turn(rt), f"{rt['batches_per_turn']:.3f}", f"{rt['scheduler_msgs_per_turn']:.3f}")
         console.print(table)

@@ -74,6 +74,43 @@ def test_emulated_run_keeps_every_trained_sample_within_the_staleness_bound(tmp_
     assert "Qwen3-8B" in effective["emulated"]["hardware"] and effective["engine_backend"] == "emulated"
 
 
+def open_envs(dask_worker=None) -> int:
+    plugin = dask_worker.plugins.get("rollart-envhost")
+    return len(plugin.service.envs) if plugin is not None and plugin.service is not None else 0
+
+
+def test_a_stopped_run_leaves_no_env_open_on_an_attached_cluster(address, tmp_path, run_async):
+    """Eager admission keeps trajectories in flight to the end; the stop cancels them, and each one's env close must
+    reach its worker before the run's channels shut: on a cluster the run only attached to, the env hosts live on."""
+    from distributed import Client
+
+    from rollart_dask.entry.api import run_flow
+
+    # time scale 0.05: env steps of ~25–150 ms, so a close waits for the step it comes during and holds its slot meanwhile
+    # (α = 1: the last weight install aborts stale trajectories just before the stop; one batch per service in flight)
+    cfg = _emulated_flow(tmp_path, f"cluster.scheduler={address}", "trainer.steps=2", "rollout.alpha=1", "rollout.admission=eager",
+                         "emulation.time_scale=0.05", "rollout.coalesce_inflight=1")
+    in_flight: list = []
+
+    def count_at_stop(run) -> None:  # trajectories holding an env when the stop cancels them
+        stop = run.launcher.stop
+
+        async def stop_counting() -> None:
+            in_flight.append(len(run.services.em.where))
+            await stop()
+
+        run.launcher.stop = stop_counting
+
+    async def go():
+        result = await run_flow(cfg, tmp_path, on_ready=count_at_stop)
+        async with Client(address, asynchronous=True) as c:
+            return result, await c.run(open_envs)
+
+    result, envs = run_async(go(), timeout=300)
+    assert result["steps"] == 2 and in_flight[0] > 0  # the stop did cancel trajectories holding envs
+    assert sum(envs.values()) == 0, envs
+
+
 @pytest.mark.slow
 def test_rollart_ablate_all_runs_every_figure_at_a_tiny_scale(tmp_path):
     out = tmp_path / "ablations"

@@ -283,3 +283,4 @@ def test_losing_the_engine_worker_stops_the_run_with_a_clear_error(tmp_path, mod
     msg, took, published = run_async(go(), timeout=300)
     assert "h800-0" in msg and "--resume" in msg
     assert published < 50 and took < 120  # stopped promptly, never waited for a batch that could not come
+

@@ -61,6 +61,15 @@ class EnvManager:
         self.stage: dict[str, str] = {}  # trajectory id → stage it is in (for the watchdog)
         self.where: dict[str, str] = {}  # trajectory id → env worker
         self.counts: Counter = Counter()
+        self._closing: set[asyncio.Task] = set()  # closes of cancelled or failed trajectories' envs, not yet answered
+
+    async def closes_done(self, timeout: float) -> int:
+        """Wait (at most ``timeout`` s) for the env closes still in flight; returns how many were left unanswered.
+        A run stops only after this: a close still queued when the dispatcher's channels shut would never reach its
+        worker, and on an attached cluster (a long-lived env host) the env would outlive the run."""
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=timeout)
+        return len(self._closing)
 
     def worker_lost(self, address: str) -> None:
         for workers in self.reward_workers.values():
@@ -167,7 +176,9 @@ class EnvManager:
             return traj
         except BaseException:
             if tid in self.where and worker in self.env_workers:
-                asyncio.ensure_future(self._close(tid, worker))
+                closing = asyncio.ensure_future(self._close(tid, worker))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
             raise
         finally:
             if in_barrier:

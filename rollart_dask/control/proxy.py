@@ -113,9 +113,14 @@ class LLMProxy:
             by_engine[addr].append(rid)
             if rid in self._peer:  # disaggregated: the request may still be in its prefill
                 by_engine[self._peer[rid]].append(rid)
-        futs = [self.d.submit_one("abort", tasks.engine_abort, ids, pool=self.pool_of[a], worker=a) for a, ids in by_engine.items()]
-        if futs:
-            await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+        await self._on_engines("abort", tasks.engine_abort_stream, {a: {"ids": ids} for a, ids in by_engine.items()}, streamed=True)
+
+    async def _on_engines(self, stage: str, fn, items: dict[str, dict], streamed: bool = False) -> None:
+        """A control call on each of these engines (address → its item), over the dispatcher's channels: in order
+        with the generate batches sent before it, and no scheduler between (a Dask task each cost the step protocol
+        a scheduler round trip per call)."""
+        await asyncio.gather(*(self.d.call(stage, fn, item, pool=self.pool_of[a], worker=a, timeout=self.timeout_s, streamed=streamed)
+                               for a, item in items.items()))
 
     # -- the protocol's Suspend / Update / Resume / Recompute KV ---------------------------------
     async def suspend(self) -> None:
@@ -128,15 +133,13 @@ class LLMProxy:
 
     async def update_weights(self, version: int) -> None:
         """Swap in ``version``, already staged on every engine (weights/store.py)."""
-        from rollart_dask.data.weights.worker import engine_swap
+        from rollart_dask.data.weights.worker import engine_swap_batch
 
-        futs = [self.d.submit_one("update-weights", engine_swap, version, pool=p, worker=a) for a, p in self.pool_of.items()]
-        await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+        await self._on_engines("update-weights", engine_swap_batch, {a: {"version": version} for a in self.pool_of})
         self.version = version
 
     async def reset_prefix_cache(self) -> None:
-        futs = [self.d.submit_one("reset-prefix-cache", tasks.engine_reset_prefix_cache, pool=p, worker=a) for a, p in self.pool_of.items()]
-        await asyncio.wait_for(asyncio.gather(*futs), self.timeout_s)
+        await self._on_engines("reset-prefix-cache", tasks.engine_reset_prefix_cache_batch, {a: {} for a in self.pool_of})
 
 
 # -- prefill/decode disaggregation (rollout.pd): a call's route through two engines ------------------------

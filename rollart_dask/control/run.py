@@ -356,6 +356,11 @@ class Run:
         if self.launcher is not None:
             await self.launcher.stop()
         await asyncio.gather(*self._bg, return_exceptions=True)
+        if self.services is not None:  # the cancelled trajectories' envs are closed before the channels shut
+            left = await self.services.em.closes_done(timeout=self.cfg.rollout.env_timeout_s)
+            if left:
+                console.print(f"[yellow]{left} env closes got no answer within rollout.env_timeout_s "
+                              f"({self.cfg.rollout.env_timeout_s:.0f} s): their envs may outlive the run[/yellow]")
         try:
             self.metrics.close()
             self.d.close()

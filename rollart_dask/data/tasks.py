@@ -194,12 +194,19 @@ def generate_stream(items: list[dict], reply) -> int:
 _NEVER_INLINE = Speed(fast_s=0.0)
 
 
-async def engine_abort(request_ids: list[str]) -> int:
-    return service(ENGINE).abort(request_ids)  # on the event loop: never waits for a free thread
+# -- the engines' control calls (the step protocol's abort, reset of the prefix cache; the swap is in weights/worker.py) --
+def engine_abort_stream(items: list[dict], reply) -> int:
+    """Abort the requests named by each item's ``ids``, on the worker's event loop: never behind a busy thread, and
+    after every generate batch this caller sent before it (one comm, in order)."""
+    ch = _channel(reply)
+    ch.post(("free", items[0]["_cid"]), None)
+    engine = service(ENGINE)
+    return _reply(items, _per_item(lambda item: engine.abort(item["ids"]), items), ch)
 
 
-def engine_reset_prefix_cache() -> int:
-    return service(ENGINE).reset_prefix_cache()
+def engine_reset_prefix_cache_batch(items: list[dict], reply=None):
+    engine = service(ENGINE)
+    return _reply(items, _per_item(lambda item: engine.reset_prefix_cache(), items), reply)
 
 
 def trainer_step(samples: list[dict], _after=None) -> dict:

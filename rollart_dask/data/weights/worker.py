@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from rollart_dask.data.plugins import ENGINE, TRAINER
-from rollart_dask.data.tasks import service
+from rollart_dask.data.tasks import _per_item, _reply, service
 from rollart_dask.data.weights.buckets import publish_buckets, verify
 
 _published: dict[int, list[bytes]] = {}  # trainer process, store=dask: version → bucket bytes not yet handed to Dask
@@ -104,3 +104,8 @@ def engine_swap(version: int) -> int:
     if weights is None:
         raise RuntimeError(f"weights v{version} were not staged on this engine (staged: {sorted(_staged)})")
     return service(ENGINE).update_weights(version, weights)
+
+
+def engine_swap_batch(items: list[dict], reply=None):
+    """Update over the caller's channel: each item names the ``version`` to swap in."""
+    return _reply(items, _per_item(lambda item: engine_swap(item["version"]), items), reply)
