@@ -122,12 +122,20 @@ class InjectSpec(_Model):
     reset_fail: float = Field(0.0, ge=0, le=1, description="probability a reset raises InjectedFailure")
     step_fail: float = Field(0.0, ge=0, le=1, description="probability a step raises InjectedFailure")
     hang_p: float = Field(0.0, ge=0, le=1, description="probability a call (reset or step) hangs")
+    reset_hang_p: float | None = Field(None, ge=0, le=1, description="probability a reset hangs (a stuck image pull or container "
+                                                                     "start); None: hang_p")
+    step_hang_p: float | None = Field(None, ge=0, le=1, description="probability a step hangs; None: hang_p")
     hang_s: float = Field(3600.0, gt=0, description="how long a hang lasts before it raises; the caller's timeout should fire first")
     time_scale: float = Field(1.0, ge=0, description="multiplies every injected sleep (latency and hang); 0 disables sleeping")
     redraw_repeats: bool = Field(False, description=(
         "off: every reset of an episode seed replays the same draws (so a retried reset that failed fails again, "
         "and all members of a group sharing a seed get the same latencies). on: the n-th reset of the same seed "
         "in this process draws afresh; draws then also depend on the order resets arrive in a process"))
+
+    def hang_of(self, call: str) -> float:
+        """The hang probability of a "reset" or a "step"."""
+        own = self.reset_hang_p if call == "reset" else self.step_hang_p
+        return self.hang_p if own is None else own
 
     @model_validator(mode="before")
     @classmethod
@@ -210,8 +218,8 @@ def draw(spec: InjectSpec, episode_seed: int | None, call_index: int, repeat: in
     z, u_lat, u_fail, u_hang = _uniforms(spec.seed, episode_seed, call_index, repeat)
     z = _NORMAL.inv_cdf(z)
     if call_index == 0:
-        return Draw("reset", spec.reset_latency.value(z, u_lat), u_fail < spec.reset_fail, u_hang < spec.hang_p)
-    return Draw("step", spec.step_latency.value(z, u_lat), u_fail < spec.step_fail, u_hang < spec.hang_p)
+        return Draw("reset", spec.reset_latency.value(z, u_lat), u_fail < spec.reset_fail, u_hang < spec.hang_of("reset"))
+    return Draw("step", spec.step_latency.value(z, u_lat), u_fail < spec.step_fail, u_hang < spec.hang_of("step"))
 
 
 def _uniforms(spec_seed: int, episode_seed: int | None, call_index: int, repeat: int | str) -> list[float]:

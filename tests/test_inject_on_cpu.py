@@ -153,6 +153,14 @@ def test_hangs_at_configured_rate_with_fake_sleep():
         env.reset(0)
 
 
+def test_resets_and_steps_hang_at_their_own_rates():
+    """reset_hang_p / step_hang_p set each call's hang rate; left out, hang_p is both."""
+    _, _, reset_ok, step_ok, _ = play({"seed": 3, "reset_hang_p": 1.0, "step_hang_p": 0.0, "hang_p": 0.5}, episodes=50, steps=0)
+    assert not reset_ok.any()  # every reset hangs
+    _, _, reset_ok, step_ok, _ = play({"seed": 3, "reset_hang_p": 0.0, "hang_p": 1.0}, episodes=50, steps=3)
+    assert reset_ok.all() and not step_ok.any()  # no reset hangs; steps take hang_p
+
+
 def test_reproducible_by_seeds_only():
     spec = {"seed": 7, "reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1},
             "step_latency": {"dist": "empirical", "file": EXAMPLE}, "reset_fail": 0.2, "step_fail": 0.2}

@@ -99,11 +99,25 @@ def run(flow, overrides, scheduler, out, resume):
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every variant")
 def ablate(name, quick, tiny, out, overrides):
     """Run ablation NAME (a file in flows/ablations/, or 'all') on EMULATED hardware: every variant side by side,
-    reported beside the paper and beside its own ideal (results.csv, results.md, results.png)."""
+    reported beside the paper and beside its own ideal (results.csv, results.md, results.png).
+    'calibrate' checks the paper's facts about the workload (Fig. 3–6) on it instead; 'all' does that first."""
     from rollart_dask.tools.ablation import ablation_names, load_ablation, run_ablation
+    from rollart_dask.tools.ablation.calibrate import calibrate, print_facts
 
-    names = ablation_names() if name == "all" else [name]
     t0 = time.monotonic()
+    if name in ("calibrate", "all"):
+        try:
+            facts = calibrate()
+        except FlowError as e:
+            raise click.ClickException(str(e))
+        print_facts(facts)
+        wrong = [f"{f.figure}: {f.claim} (the workload gives {f.measured})" for f in facts if not f.holds]
+        if wrong:
+            raise click.ClickException("the workload does not hold the paper's facts; mend flows/ablations/workloads/ before measuring "
+                                       "any figure:\n  " + "\n  ".join(wrong))
+        if name == "calibrate":
+            return
+    names = ablation_names() if name == "all" else [name]
     try:
         specs = [load_ablation(n) for n in names]
         for (spec, path), n in zip(specs, names):

@@ -17,8 +17,10 @@ Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
   mix they shift, as dropped groups) is measured, not assumed.
 - Reward capacity: serverless is unbounded; local rewards run ``slots`` at a time (the REWARD
   worker's task threads), so N × E[reward] / slots bounds the step from below.
-- Not modelled: env failures and hangs (a failure only adds time), redundancy (it only
-  removes tail time that failures and stragglers added), the train/rollout GPU contention.
+- Env failures and hangs cost what they take until they fail, resets retried as the runtime does
+  (``rollout.retries``, each call cut at ``rollout.env_timeout_s``); the replacement of a failed
+  trajectory is not modelled, nor redundancy (it only removes tail time that failures and
+  stragglers added), nor the train/rollout GPU contention.
 """
 from __future__ import annotations
 
@@ -48,16 +50,40 @@ class TaskLoad:
     share: float  # probability a group is of this task (the launcher draws each group's task by weight)
 
 
-def _env_latency(inject: dict | None, rng: np.random.Generator, n: int, turns: int) -> tuple[np.ndarray, np.ndarray]:
-    """Reset (n) and step (n × turns) latencies, emulated seconds, drawn from the injection spec."""
+def env_times(inject: dict | None, rng: np.random.Generator, n: int, turns: int, retries: int = 0,
+              timeout_s: float = float("inf")) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the env calls of ``n`` trajectories cost (emulated seconds), drawn from the injection spec the way
+    envs/inject.py plays it: reset (n) — every attempt's latency, a hung one's ``hang_s`` more (at most the call
+    timeout), a failed one retried up to ``retries`` times with fresh draws —, steps (n × turns; a step that fails or
+    hangs ends its trajectory: no retry, the later turns cost nothing) and whether each trajectory failed (n)."""
+    reset, steps, failed = np.zeros(n), np.zeros((n, turns)), np.zeros(n, dtype=bool)
     if not inject:
-        return np.zeros(n), np.zeros((n, turns))
+        return reset, steps, failed
     spec = parse_spec({k: v for k, v in inject.items() if k != "time_scale"})
-    z = rng.standard_normal((n, turns + 1))
-    u = rng.random((n, turns + 1))
-    reset = np.array([spec.reset_latency.value(z[i, 0], u[i, 0]) for i in range(n)])
-    steps = np.array([[spec.step_latency.value(z[i, k], u[i, k]) for k in range(1, turns + 1)] for i in range(n)])
-    return reset, steps
+    hang_s = min(spec.hang_s, timeout_s)
+
+    def call(latency, fail_p: float, hang_p: float) -> tuple[float, bool]:
+        z, u, f, h = rng.standard_normal(), rng.random(), rng.random(), rng.random()
+        t = latency.value(z, u)
+        if h < hang_p:
+            return min(t + hang_s, timeout_s), False
+        return min(t, timeout_s), f >= fail_p
+
+    for i in range(n):
+        for _ in range(retries + 1):
+            t, ok = call(spec.reset_latency, spec.reset_fail, spec.hang_of("reset"))
+            reset[i] += t
+            if ok:
+                break
+        else:
+            failed[i] = True
+            continue
+        for k in range(turns):
+            steps[i, k], ok = call(spec.step_latency, spec.step_fail, spec.hang_of("step"))
+            if not ok:
+                failed[i] = True
+                break
+    return reset, steps, failed
 
 
 def task_loads(cfg) -> list[TaskLoad]:
@@ -131,13 +157,15 @@ def _generation_latency(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> 
     return prefill[None, :] + (outputs - 1).clip(min=0) * per_token
 
 
-def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samples: int, seed: int,
-                      batch_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samples: int, seed: int, batch_groups: int,
+                      retries: int = 0, timeout_s: float = float("inf")) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per sample (a batch whose groups' tasks are drawn by weight, as the launcher does):
     trajectory-level makespan (slowest trajectory), batch-level makespan (a barrier before every
-    generate), and every group's latency — its slowest member's, as GRPO needs the whole group."""
+    generate), every group's latency — its slowest member's, as GRPO needs the whole group —, and
+    the batch-level reset phase (the slowest member's reset, retries included). Env failures cost
+    the time until they fail (their replacements are not modelled: a lower bound)."""
     rng, py = np.random.default_rng(seed), random.Random(seed)
-    traj_max, wave, every = np.zeros(samples), np.zeros(samples), []
+    traj_max, wave, every, reset_wave = np.zeros(samples), np.zeros(samples), [], np.zeros(samples)
     fastest = [min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
                    key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()))
                for t in loads]
@@ -149,7 +177,7 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
                 continue
             n, w = int(k) * t.group_size, t.workload
             outs = np.array([[draw_length(t.env_args.get("output_tokens", 256), py) for _ in range(w.turns)] for _ in range(n)])
-            reset, steps = _env_latency(t.inject, rng, n, w.turns)
+            reset, steps, _ = env_times(t.inject, rng, n, w.turns, retries, timeout_s)
             resets.append(reset)
             turns.append(_generation_latency(t, model, pool, outs) + steps)
             rewards.append(np.full(n, t.reward_s))
@@ -160,11 +188,11 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
         lat = reset + per_turn.sum(1) + reward
         every.append([chunk.max() for chunk in np.split(lat, np.cumsum(groups)[:-1]) if len(chunk)])
         traj_max[s] = lat.max()
-        clock = reset.max()  # batch level: every turn starts when the slowest member finished the last
+        clock = reset_wave[s] = reset.max()  # batch level: every turn starts when the slowest member finished the last
         for k in range(width):
             clock += per_turn[:, k].max()
         wave[s] = clock + reward.max()
-    return traj_max, wave, np.array([x for xs in every for x in xs])
+    return traj_max, wave, np.array([x for xs in every for x in xs]), reset_wave
 
 
 def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0) -> Ideal:
@@ -175,7 +203,8 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
     pools = _pools(cfg, engine_workers)
     loads = task_loads(cfg)
     t_thr = _throughput_bound(loads, pools, model)
-    traj_max, wave, every = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups)
+    timeout_s = r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")  # in emulated seconds
+    traj_max, wave, every, reset_wave = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s)
     lat_mean = float(every.mean())
     lat_max = float((wave if r.level == "batch" else traj_max).mean())
     n_total = sum(t.n for t in loads)
@@ -203,6 +232,7 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
         step_s = cands[binding]
         spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
     terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,
+             "reset_wave_s": float(reset_wave.mean()),
              "latency_max_s": lat_max, "makespan_s": makespan, "reward_capacity_s": reward_bound, "train_s": train, "update_s": update,
              "tokens_per_step": tokens, "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha,
              "level": r.level, "step_sd_s": float(np.std(spread))}  # one step's spread: heavy tails make few-step means noisy
