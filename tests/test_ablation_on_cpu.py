@@ -144,13 +144,40 @@ def test_summary_and_report_put_ours_beside_the_ideal_and_the_paper(tmp_path):
     assert fraction("step_s", 4.0, 2.0) == 0.5 and fraction("throughput", 1.0, 4.0) == 0.25
     spec, _ = load_ablation("fig13_alpha")
     results = [{"variant": v.name, "set": v.set, "time_scale": 0.5, "measured": dict(m, step_s=s),
-                "ideal": {"step_s": s / 2, "throughput": 1.0, "binding": "train"}} for v, s in zip(spec.variants, [10, 5, 4, 4, 8])]
+                "ideal": {"step_s": s / 2, "throughput": 1.0, "binding": "train"},
+                "simulated": {"step_s": s * 0.8, "trained_mix": {"a": 0.5, "b": 0.5}},
+                "cost": {"measured": {"per_step": 2.0 * s, "per_trajectory": s / 8}, "ideal": {"per_trajectory": s / 16}}}
+               for v, s in zip(spec.variants, [10, 5, 4, 4, 8])]
     rows = rows_of(spec, results)
     assert [r["ours_vs_baseline"] for r in rows] == [1.0, 2.0, 2.5, 2.5, 1.25]  # speed-up of time vs α=0
     assert rows[1]["paper_vs_baseline"] == 2.05 and rows[1]["fraction_of_ideal"] == 0.5
     write_report(spec, results, tmp_path)
-    assert "| α=1 | 5 | 2.5 | 0.5 | 2 |" in (tmp_path / "results.md").read_text()
+    md = (tmp_path / "results.md").read_text()
+    # measured 5, simulated 4, ideal 2.5: the runtime keeps 0.8 of its policy's reach, the policy reaches 0.625 of the bound
+    assert rows[1]["fraction_of_simulated"] == pytest.approx(0.8) and rows[1]["simulated_fraction_of_ideal"] == pytest.approx(0.625)
+    assert "| α=1 | 5 | 4 | 2.5 | 0.5 | 0.8 | 0.625 | 2 |" in md and "| 10 / 0.625 (0.312) |" in md and "H20 = 1.00, H800 = 2.85" in md
+    assert "(a:0.50 b:0.50)" in md
     assert len(list(csv.DictReader((tmp_path / "results.csv").open()))) == 5 and (tmp_path / "results.png").stat().st_size > 5000
+
+
+def test_cost_of_a_hand_checkable_flow():
+    """One H800 and one H20 engine GPU, a one-H800 trainer, one env host, a local reward GPU (H20): per hour
+    2.85 + 1.00 + 2.85 + 1.00 units and the env host's $0.1785 in units; serverless bills only scored seconds."""
+    from rollart_dask.tools.emulation.cost import CPU_HOST_USD_HOUR, USD_PER_UNIT_HOUR, step_cost
+
+    cfg = load_flow(data=emulated_flow(cluster={"workers": [
+        {"name": "train-0", "pools": ["H800", "TRAIN"]}, {"name": "h800-0", "pools": ["H800"]}, {"name": "h20-0", "pools": ["H20"]},
+        {"name": "cpu-0", "pools": ["CPU"]}, {"name": "reward-0", "pools": ["SERVERLESS", "REWARD"]}]}))
+    workers = engine_workers(cfg)
+    cpu = CPU_HOST_USD_HOUR / USD_PER_UNIT_HOUR
+    assert USD_PER_UNIT_HOUR == pytest.approx(2.414, abs=1e-3)
+    local = step_cost(cfg, workers, step_s=1800, trajectories=10, reward_s_per_trajectory=36)
+    assert {k: round(v, 6) for k, v in local["parts"].items()} == {
+        "gpu:H800": 1.425, "gpu:TRAIN": 1.425, "gpu:REWARD": 0.5, "cpu": round(cpu / 2, 6)}  # half an hour of each (no H20 task here)
+    assert local["per_trajectory"] == pytest.approx(local["per_step"] / 10)
+    cfg = load_flow(data=emulated_flow(reward={"mode": "serverless"}, cluster=cfg.cluster.model_dump()))
+    serverless = step_cost(cfg, workers, step_s=1800, trajectories=10, reward_s_per_trajectory=36)
+    assert "gpu:REWARD" not in serverless["parts"] and serverless["parts"]["serverless"] == pytest.approx(10 * 36 / 3600 * 1.00)
 
 
 def test_stream_prefix_cache_serves_the_conversation_so_far():

@@ -78,6 +78,37 @@ def ideal_of(cfg: FlowConfig) -> dict:
             "rollout_s": ideal.terms["group_latency_mean_s"], "terms": ideal.terms}
 
 
+SIM_SEEDS = 4
+
+
+def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
+    """The variant's policy with a zero-cost runtime (emulation/simulate.py), the mean of ``seeds`` runs of as many
+    steps as the measurement: what the runtime would reach if its calls cost nothing."""
+    from rollart_dask.tools.emulation.simulate import simulate
+
+    runs = [simulate(cfg, engine_workers(cfg), reward_slots(cfg), warmup=warmup, seed=s) for s in range(seeds)]
+    mix: dict[str, float] = {}
+    for r in runs:
+        for k, v in r.trained_mix.items():
+            mix[k] = mix.get(k, 0.0) + v / len(runs)
+    rollout = [r.rollout_s for r in runs if r.rollout_s is not None]
+    return {"step_s": statistics.mean(r.step_s for r in runs), "step_sd_s": statistics.pstdev(r.step_s for r in runs),
+            "throughput": statistics.mean(r.throughput for r in runs), "rollout_s": statistics.mean(rollout) if rollout else None,
+            "trained_mix": mix, "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k)
+                                                           for r in runs),
+            "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs), "seeds": seeds}
+
+
+def cost_of(cfg: FlowConfig, measured: dict, ideal: dict) -> dict:
+    """Normalised cost (H20 GPU-hours) per step and per trajectory, at the measured step and at the ideal one."""
+    from rollart_dask.tools.emulation.cost import step_cost
+    from rollart_dask.tools.emulation.flow_ideal import task_loads
+
+    reward_s = sum(t.share * t.reward_s for t in task_loads(cfg))  # per trajectory, at the launched mix
+    return {k: step_cost(cfg, engine_workers(cfg), x["step_s"], x["throughput"] * x["step_s"], reward_s)
+            for k, x in (("measured", measured), ("ideal", ideal))}
+
+
 def variant_flow(spec: AblationSpec, path: Path, name: str, quick: bool, tiny: bool, extra: list[str]) -> FlowConfig:
     import yaml
 
@@ -133,7 +164,10 @@ def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False,
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         measured = summarise(rows, cfg.emulation.time_scale, spec.warmup_steps)
         ideal = ideal_of(cfg)
-        results.append({"variant": v.name, "set": v.set, "measured": measured, "ideal": ideal, "wall_s": time.monotonic() - t0,
+        simulated = simulated_of(cfg, spec.warmup_steps)
+        results.append({"variant": v.name, "set": v.set, "measured": measured, "ideal": ideal, "simulated": simulated,
+                        "cost": cost_of(cfg, measured, ideal),
+                        "wall_s": time.monotonic() - t0,
                         "time_scale": cfg.emulation.time_scale, "mode": cfg.rollout.mode, "alpha": cfg.rollout.alpha, "level": cfg.rollout.level})
         label, unit, _ = METRICS[spec.metric]
         m, i = measured[spec.metric], ideal.get(spec.metric)

@@ -29,6 +29,10 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
             row[f"ours{sfx}"] = val
             row[f"ideal{sfx}"] = ideal
             row[f"fraction_of_ideal{sfx}"] = fraction(metric, val, ideal)
+            sim = (r.get("simulated") or {}).get(metric)
+            row[f"simulated{sfx}"] = sim
+            row[f"fraction_of_simulated{sfx}"] = fraction(metric, val, sim)  # what the runtime keeps of its policy's reach
+            row[f"simulated_fraction_of_ideal{sfx}"] = fraction(metric, sim, ideal)  # what the policy reaches of the bound
         row["ours_vs_baseline"] = _ratio(spec.metric, m.get(spec.metric), base["measured"].get(spec.metric))
         row["ideal_vs_baseline"] = _ratio(spec.metric, r["ideal"].get(spec.metric), base["ideal"].get(spec.metric))
         row["baseline"] = base["variant"]
@@ -36,6 +40,11 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
         row["aborted"] = m.get("aborted")
         row["groups_dropped"] = m.get("groups_dropped")
         row["trained_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((m.get("trained_mix") or {}).items()))
+        row["simulated_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted(((r.get("simulated") or {}).get("trained_mix") or {}).items()))
+        cost = r.get("cost") or {}
+        row["cost_per_step"] = cost.get("measured", {}).get("per_step")
+        row["cost_per_trajectory"] = cost.get("measured", {}).get("per_trajectory")
+        row["ideal_cost_per_trajectory"] = cost.get("ideal", {}).get("per_trajectory")
         row["binding"] = r["ideal"].get("binding")
         # two standard errors of an n-step mean of the ideal step time: how far a short measurement may land from it by luck
         row["ideal_step_noise_s"] = 2 * r["ideal"].get("step_sd_s", 0.0) / max(1, m["steps_measured"]) ** 0.5
@@ -64,13 +73,24 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
     lines = [f"### {spec.figure}: {spec.title} (EMULATED hardware)", "",
              f"Metric: {label} ({unit}), measured over {rows[0]['steps_measured']} steps after {spec.warmup_steps} warm-up steps, "
              f"time scale {rows[0]['time_scale']}.", "",
-             f"| variant | ours | ideal | ours / ideal | ours, {ratio} | ideal, {ratio} | paper, {ratio} | baseline | ideal bound "
-             f"| aborted / groups dropped | trained task mix |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| variant | ours | simulated | ideal | ours / ideal | ours / simulated (runtime) | simulated / ideal (policy) "
+             f"| ours, {ratio} | ideal, {ratio} | paper, {ratio} | baseline | ideal bound "
+             f"| aborted / groups dropped | trained task mix (simulated) | cost per step / per trajectory (ideal) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
+        lines.append(f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['simulated'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} "
+                     f"| {_fmt(r['fraction_of_simulated'])} | {_fmt(r['simulated_fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
                      f"| {_fmt(r['ideal_vs_baseline'])} | {_fmt(r['paper_vs_baseline'])} | {r['baseline']} | {r['binding']} "
-                     f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} |")
+                     f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} ({r['simulated_mix']}) "
+                     f"| {_fmt(r['cost_per_step'])} / {_fmt(r['cost_per_trajectory'])} ({_fmt(r['ideal_cost_per_trajectory'])}) |")
+    lines += ["", "Simulated: the same policy (admission, staleness bound, redundancy, protocol; the real SampleBuffer) in a "
+              "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/tools/emulation/"
+              "simulate.py), mean of its seeds. Ours / simulated is what the runtime keeps of what its policy can reach; "
+              "simulated / ideal is what the policy reaches of the bound."]
+    lines += ["", "Cost: normalised GPU-hours (H20 = 1.00, H800 = 2.85 per GPU-hour, the paper's table) of everything the variant "
+              "holds for a step — generation pools, trainer, a dedicated reward GPU when rewards are local, env hosts — plus "
+              "serverless rewards' billed seconds; CPU and serverless priced through public price lists "
+              "(rollart_dask/tools/emulation/cost.py, each price with its source)."]
     lines += ["", "Ideal step time ± two standard errors of a mean over the measured steps (heavy env tails make short "
               "measurements land on either side of the ideal by luck): " + ", ".join(
                   f"{r['variant']} {_fmt(next(x['ideal']['step_s'] for x in results if x['variant'] == r['variant']))} ± "

@@ -56,7 +56,14 @@ def env_times(inject: dict | None, rng: np.random.Generator, n: int, turns: int,
     envs/inject.py plays it: reset (n) — every attempt's latency, a hung one's ``hang_s`` more (at most the call
     timeout), a failed one retried up to ``retries`` times with fresh draws —, steps (n × turns; a step that fails or
     hangs ends its trajectory: no retry, the later turns cost nothing) and whether each trajectory failed (n)."""
-    reset, steps, failed = np.zeros(n), np.zeros((n, turns)), np.zeros(n, dtype=bool)
+    reset, steps, fail_at = env_calls(inject, rng, n, turns, retries, timeout_s)
+    return reset, steps, fail_at >= 0
+
+
+def env_calls(inject: dict | None, rng: np.random.Generator, n: int, turns: int, retries: int = 0,
+              timeout_s: float = float("inf")) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``env_times`` with where each trajectory failed: -1 not at all, 0 its reset, k + 1 its step of turn k."""
+    reset, steps, failed = np.zeros(n), np.zeros((n, turns)), np.full(n, -1)
     if not inject:
         return reset, steps, failed
     spec = parse_spec({k: v for k, v in inject.items() if k != "time_scale"})
@@ -76,12 +83,12 @@ def env_times(inject: dict | None, rng: np.random.Generator, n: int, turns: int,
             if ok:
                 break
         else:
-            failed[i] = True
+            failed[i] = 0
             continue
         for k in range(turns):
             steps[i, k], ok = call(spec.step_latency, spec.step_fail, spec.hang_of("step"))
             if not ok:
-                failed[i] = True
+                failed[i] = k + 1
                 break
     return reset, steps, failed
 

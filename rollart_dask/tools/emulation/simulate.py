@@ -1,0 +1,317 @@
+"""A discrete-event simulation of the runtime's policy on an emulated flow, with a runtime that costs nothing.
+
+The real SampleBuffer (control/buffer.py: groups, redundancy, replacements, the staleness bound) is driven by
+simulated events: admission as the Launcher does it (eager or by version, waves with a turn barrier at batch
+level), the protocol as Run.step does it (Get Batch after the previous Train published, Suspend/Update/Resume
+when a newer version is out, Train one at a time; α = 0 waits for its own Train), and calls that take exactly
+their service time. So an ablation reports three numbers per variant: measured (the real runtime), simulated
+(this: the policy alone) and the ideal (flow_ideal: bounds no policy of that kind beats). Runtime cost =
+measured − simulated; policy limit = simulated − ideal.
+
+Service times come from the models the ideal uses:
+- env.reset / env.step / failures and retries: ``flow_ideal.env_times`` (the injection spec, ``rollout.retries``,
+  calls cut at ``rollout.env_timeout_s``); envs never wait for a host (the env host has a thread per env);
+- generation: each turn needs *work* — instance-seconds at the throughput-optimal batch (``per_trajectory_seconds``,
+  spread over the turns by their batch-1 latencies) — and cannot finish faster than alone (its batch-1 latency);
+  a pool's instances are shared among the turns generating on it (processor sharing, water-filled up to each
+  turn's own top speed). Suspend aborts the turns in flight; they start again, from nothing, at Resume;
+- reward: serverless at once (its cost ``reward_s``), local on ``reward_slots`` servers in arrival order;
+- train: ``train_step_seconds`` of the batch's tokens; update: ``weight_load_seconds`` of the slowest instance.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from envs.synthetic import draw_length
+from rollart_dask.config import task_pools
+from rollart_dask.control.buffer import SampleBuffer
+from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads
+from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds
+from rollart_dask.tools.emulation.ideal import per_trajectory_seconds
+from rollart_dask.tools.emulation.sharing import Barrier, SharedPool
+from rollart_dask.types import Trajectory
+
+
+@dataclass
+class SimResult:
+    step_s: float  # mean emulated seconds between Train completions after the warm-up steps
+    throughput: float  # trained trajectories per emulated second
+    rollout_s: float | None  # mean launch → reward of the trajectories that finished
+    trained_mix: dict[str, float]
+    counts: dict = field(default_factory=dict)  # the buffer's counts (aborted_stale, evicted_stale, groups_dropped, …)
+    train_done_at: list[float] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(self, cfg, engine_workers: dict[str, int], reward_slots: int | None, seed: int = 0):
+        self.cfg, self.r = cfg, cfg.rollout
+        self.model = MODELS[cfg.emulation.model]
+        self.loads = {t.name: t for t in task_loads(cfg)}
+        self.tasks = {t.name: t for t in cfg.tasks}
+        pools = _pools(cfg, engine_workers)
+        self.pool_specs = pools
+        self.pools = {p: SharedPool(self, pool.instances) for p, pool in pools.items()}
+        self.reward_slots = reward_slots
+        self.rng, self.py = np.random.default_rng(seed), random.Random(seed)
+        self.timeout_s = self.r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")
+        self.update_s = max(weight_load_seconds(self.model, p.gpu, p.tp) for p in pools.values())
+        self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch)
+        self.now, self._events, self._seq = 0.0, [], itertools.count()
+        self.procs: dict[str, object] = {}  # trajectory → its generator
+        self.where: dict[str, str] = {}  # trajectory → the pool it generates on
+        self.barrier_of: dict[str, Barrier] = {}
+        self.started_at: dict[str, float] = {}
+        self.rollout_s: list[float] = []
+        self.reward_free: list[float] = [0.0] * (reward_slots or 0)
+        self.engine_version = self.published = 0
+        self.training = False
+        self.trained_groups: Counter = Counter()
+        self.train_done_at: list[float] = []
+        self.wave: list[str] = []
+        self.version_of: dict[str, int] = {}  # trajectory → engine version at its first generate
+        self._task_of: dict[str, str] = {}
+        self._work_of: dict[tuple, float] = {}
+        self._loop = None
+
+    # -- the event loop ------------------------------------------------------------------------------
+    def at(self, t: float, fn, *args) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn, args))
+
+    def run(self, steps: int, horizon_s: float = 1e7, events_per_finish: int = 100_000) -> None:
+        self._loop = self._protocol(steps)
+        self.at(0.0, self._step_loop)
+        self.at(0.0, self.admit)
+        n, finished = 0, 0
+        while self._loop is not None:
+            if not self._events:
+                raise RuntimeError(f"the simulated policy stalled after {len(self.train_done_at)} of {steps} steps: nothing left to happen")
+            t, _, fn, args = heapq.heappop(self._events)
+            n += 1
+            if self.buffer.counts["finished"] > finished:
+                n, finished = 0, self.buffer.counts["finished"]
+            if t > horizon_s or n > events_per_finish:  # e.g. every trajectory failing: groups dropped and reopened for ever
+                raise RuntimeError(f"the simulated policy made no step: no trajectory finished in {n} events ({t:.0f} emulated s); "
+                                   f"{len(self.train_done_at)} of {steps} steps, buffer {dict(self.buffer.counts)}")
+            self.now = t
+            fn(*args)
+
+    def resume(self, tid: str, value=None) -> None:
+        proc = self.procs.get(tid)
+        if proc is None:
+            return  # cancelled meanwhile
+        try:
+            op = proc.send(value)
+        except StopIteration:
+            return
+        kind = op[0]
+        if kind == "wait":
+            self.at(self.now + op[1], self.resume, tid)
+        elif kind == "gen":
+            self.where[tid] = op[1]
+            self.pools[op[1]].add(tid, op[2], op[3])
+        elif kind == "barrier":
+            op[1].arrive(self, tid)
+        elif kind == "reward":
+            if self.reward_slots:  # local: the first free server, in arrival order
+                i = min(range(len(self.reward_free)), key=self.reward_free.__getitem__)
+                start = max(self.now, self.reward_free[i])
+                self.reward_free[i] = start + op[1]
+                self.at(start + op[1], self.resume, tid)
+            else:
+                self.at(self.now + op[1], self.resume, tid)
+
+    # -- trajectories --------------------------------------------------------------------------------
+    def _trajectory(self, gid: str, tid: str, task: str):
+        load, t = self.loads[task], self.tasks[task]
+        w = load.workload
+        reset, steps, fail_at = env_calls(t.inject, self.rng, 1, w.turns, self.r.retries, self.timeout_s)
+        fail_at = int(fail_at[0])
+        pools = [p for p in task_pools(t) if p in self.pools]
+        pool = min(pools, key=lambda p: (len(self.pools[p].jobs) / self.pools[p].cap, p))
+        outs = np.array([[draw_length(load.env_args.get("output_tokens", 256), self.py) for _ in range(w.turns)]])
+        latency = _generation_latency(load, self.model, self.pool_specs[pool], outs)[0]
+        work = self._work(task, pool) * latency / max(latency.sum(), 1e-12)
+        barrier = self.barrier_of.get(tid)
+        yield ("wait", float(reset[0]))
+        if fail_at == 0:  # the reset failed, its retries too
+            self._end(tid, failed=True)
+            return
+        for k in range(w.turns):
+            if barrier is not None:
+                yield ("barrier", barrier)
+            if k == 0:
+                self.buffer.started(tid, self.engine_version)
+                self.version_of[tid] = self.engine_version
+            yield ("gen", pool, float(work[k]), float(latency[k]))
+            self.where.pop(tid, None)
+            yield ("wait", float(steps[0, k]))
+            if fail_at == k + 1:  # a failed step fails the trajectory (no retry: env.step is not idempotent)
+                self._end(tid, failed=True)
+                return
+        b = self.barrier_of.pop(tid, None)
+        if b is not None:  # out of the turns: the wave no longer waits for it
+            b.leave(self, tid)
+        yield ("reward", load.reward_s)
+        self._end(tid, failed=False, gid=gid)
+
+    def _work(self, task: str, pool: str) -> float:
+        """Instance-seconds of one trajectory at the batch the pool holds when the policy keeps it full: the
+        trajectories admission lets be in flight at once, shared by the instances (at most what their KV holds)."""
+        key = (task, pool)
+        if key not in self._work_of:
+            r, w = self.r, self.loads[task].workload
+            in_flight = sum(t.n for t in self.loads.values()) * ((r.alpha + 1) if r.level == "trajectory" else 1)
+            self._work_of[key] = per_trajectory_seconds(replace(w, trajectories=max(1, round(in_flight))), self.model, self.pool_specs[pool])
+        return self._work_of[key]
+
+    def _end(self, tid: str, failed: bool, gid: str | None = None) -> None:
+        self.procs.pop(tid, None)
+        b = self.barrier_of.pop(tid, None)
+        if b is not None:
+            b.leave(self, tid)
+        if failed:
+            self._carry_out(self.buffer.failed(tid, "failed"))
+        else:
+            traj = Trajectory(id=tid, group_id=gid, task=self._task_of[tid], seed=0, version=self.version_of.get(tid, 0))
+            self.rollout_s.append(self.now - self.started_at.pop(tid))
+            self._carry_out(self.buffer.finished(traj))
+        self.at(self.now, self.admit)
+        self.at(self.now, self._step_loop)
+
+    def _launch(self, gid: str, tid: str, barrier: Barrier | None) -> None:
+        task = self.buffer.groups[gid].task
+        self._task_of[tid] = task
+        if barrier is not None:
+            barrier.parties += 1
+            self.barrier_of[tid] = barrier
+        self.started_at[tid] = self.now
+        self.procs[tid] = self._trajectory(gid, tid, task)
+        self.resume(tid)
+
+    def _cancel(self, tid: str) -> None:
+        if self.procs.pop(tid, None) is None:
+            return
+        self.started_at.pop(tid, None)
+        pool = self.where.pop(tid, None)
+        if pool is not None:
+            self.pools[pool].remove(tid)
+        b = self.barrier_of.pop(tid, None)
+        if b is not None:
+            b.leave(self, tid)
+
+    def _carry_out(self, orders, barrier: Barrier | None = None) -> None:
+        for tid in orders.cancel:
+            self._cancel(tid)
+        for gid, tid in orders.launch:
+            self._launch(gid, tid, barrier)
+
+    # -- admission (control/launcher.py) -------------------------------------------------------------
+    def limit(self) -> int:
+        r = self.r
+        if r.admission == "eager" and r.alpha > 0:
+            return self.buffer.counts["groups_trained"] + (r.alpha + 1) * r.batch_groups
+        return (self.engine_version + r.alpha + 1) * r.batch_groups
+
+    def admit(self) -> None:
+        r = self.r
+        if r.level == "trajectory":
+            while self.buffer.admitted < self.limit():
+                self._open_group(None)
+        elif self._wave_done() and self.buffer.admitted + r.batch_groups <= self.limit():
+            barrier = Barrier()
+            self.wave = [self._open_group(barrier) for _ in range(r.batch_groups)]
+
+    def _wave_done(self) -> bool:
+        return all(g not in self.buffer.groups or not self.buffer.groups[g].running() for g in self.wave)
+
+    def _open_group(self, barrier: Barrier | None) -> str:
+        names = list(self.tasks)
+        task = self.py.choices(names, weights=[self.tasks[n].weight for n in names])[0]
+        gid = f"g{self.buffer.opened}"
+        size = self.tasks[task].group_size or self.r.group_size
+        self._carry_out(self.buffer.open_group(gid, task, 0, size), barrier)
+        return gid
+
+    # -- the protocol (control/run.py) ---------------------------------------------------------------
+    def _step_loop(self) -> None:
+        if self._loop is None:
+            return
+        try:
+            next(self._loop)
+        except StopIteration:
+            self._loop = None
+
+    def _protocol(self, steps: int):
+        """Yields whenever it waits; woken by every trajectory's end and every Train's."""
+        B = self.r.batch_groups
+        for _ in range(steps):
+            while self.training:  # Get Batch: the previous Train must have published
+                yield
+            while True:
+                self._carry_out(self.buffer.enforce_staleness(self.published))
+                groups = self.buffer.take(B)
+                if groups is not None:
+                    break
+                yield
+            self.at(self.now, self.admit)
+            yield from self._install()
+            for g in groups:
+                self.trained_groups[g.task] += 1
+            tokens = sum(self.loads[g.task].workload.sample_tokens for g in groups for _ in g.kept)
+            e = self.cfg.emulation
+            train_s = train_step_seconds(self.model, e.trainer.gpus, int(tokens), GPUS[e.trainer.gpu])
+            self.training = True
+            self.at(self.now + train_s, self._trained)
+            if self.r.alpha == 0:
+                while self.training:
+                    yield
+                yield from self._install()
+        while self.training:  # the last Train's step ends when it publishes
+            yield
+
+    def _install(self):
+        """Suspend → Update → Resume when a newer version is published (generation paused for the swap)."""
+        if self.published <= self.engine_version:
+            return
+        for pool in self.pools.values():
+            pool.pause()
+        swapped = self.now + self.update_s
+        self.at(swapped, self._step_loop)
+        while self.now < swapped:  # (trajectories ending meanwhile wake the loop too)
+            yield
+        self.engine_version = self.published
+        for pool in self.pools.values():
+            pool.resume()
+        self._carry_out(self.buffer.enforce_staleness(self.published))
+        self.at(self.now, self.admit)
+
+    def _trained(self) -> None:
+        self.training = False
+        self.published += 1
+        self.train_done_at.append(self.now)
+        self._step_loop()
+
+    def result(self, warmup: int) -> SimResult:
+        done = self.train_done_at[warmup:]
+        gaps = np.diff(done)
+        if not len(gaps):
+            raise RuntimeError(f"the simulation trained {len(self.train_done_at)} steps: need warm-up ({warmup}) + 2")
+        step_s = float(gaps.mean())
+        n = self.r.batch_groups * self.r.group_size
+        total = sum(self.trained_groups.values()) or 1
+        return SimResult(step_s, n / step_s, float(np.mean(self.rollout_s)) if self.rollout_s else None,
+                         {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts), list(self.train_done_at))
+
+
+def simulate(cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2,
+             seed: int = 0) -> SimResult:
+    """The flow's policy on its emulated workload with a zero-cost runtime (emulated seconds)."""
+    sim = Simulation(cfg, engine_workers, reward_slots, seed)
+    sim.run(steps if steps is not None else cfg.trainer.steps)
+    return sim.result(warmup)
