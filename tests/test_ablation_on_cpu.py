@@ -75,6 +75,7 @@ def test_ideal_of_a_hand_checkable_flow():
     train = train_step_seconds(QWEN3_8B, 1, 4 * (1 + 1 + 2 + 1), H800)  # per-turn samples: prompt + response
     assert sync.terms["train_s"] == pytest.approx(train)
     assert sync.step_s == pytest.approx(20 + gen + weight_load_seconds(QWEN3_8B, H800) + train, rel=1e-6)
+    assert sync.terms["trajectory_latency_mean_s"] == pytest.approx(20 + gen)  # a trajectory's rollout alone: launch → reward
     # α=1 at trajectory level: every group must finish within one interval, so the slowest group sets the step
     safe = ["rollout.mode=rollart", "rollout.admission=safe"]
     r1 = flow_ideal(load_flow(data=data, overrides=[*safe, "rollout.alpha=1"]), {"H800": 1}, samples=20)

@@ -75,7 +75,7 @@ def ideal_of(cfg: FlowConfig) -> dict:
     ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg))
     n = ideal.terms["trajectories_per_step"]
     return {"step_s": ideal.step_s, "throughput": n / ideal.step_s, "binding": ideal.binding, "step_sd_s": ideal.terms["step_sd_s"],
-            "rollout_s": ideal.terms["group_latency_mean_s"], "terms": ideal.terms}
+            "rollout_s": ideal.terms["trajectory_latency_mean_s"], "terms": ideal.terms}  # launch → reward, alone
 
 
 SIM_SEEDS = 4

@@ -169,10 +169,12 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
     """Per sample (a batch whose groups' tasks are drawn by weight, as the launcher does):
     trajectory-level makespan (slowest trajectory), batch-level makespan (a barrier before every
     generate), every group's latency — its slowest member's, as GRPO needs the whole group —, and
-    the batch-level reset phase (the slowest member's reset, retries included). Env failures cost
+    the batch-level reset phase (the slowest member's reset, retries included), and the mean trajectory's
+    latency (launch → reward: what a trajectory's rollout time cannot beat). Env failures cost
     the time until they fail (their replacements are not modelled: a lower bound)."""
     rng, py = np.random.default_rng(seed), random.Random(seed)
     traj_max, wave, every, reset_wave = np.zeros(samples), np.zeros(samples), [], np.zeros(samples)
+    traj_mean = np.zeros(samples)
     fastest = [min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
                    key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()))
                for t in loads]
@@ -194,12 +196,12 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
         reset, reward = np.concatenate(resets), np.concatenate(rewards)
         lat = reset + per_turn.sum(1) + reward
         every.append([chunk.max() for chunk in np.split(lat, np.cumsum(groups)[:-1]) if len(chunk)])
-        traj_max[s] = lat.max()
+        traj_max[s], traj_mean[s] = lat.max(), lat.mean()
         clock = reset_wave[s] = reset.max()  # batch level: every turn starts when the slowest member finished the last
         for k in range(width):
             clock += per_turn[:, k].max()
         wave[s] = clock + reward.max()
-    return traj_max, wave, np.array([x for xs in every for x in xs]), reset_wave
+    return traj_max, wave, np.array([x for xs in every for x in xs]), reset_wave, traj_mean
 
 
 def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0) -> Ideal:
@@ -211,7 +213,7 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
     loads = task_loads(cfg)
     t_thr = _throughput_bound(loads, pools, model)
     timeout_s = r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")  # in emulated seconds
-    traj_max, wave, every, reset_wave = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s)
+    traj_max, wave, every, reset_wave, traj_mean = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s)
     lat_mean = float(every.mean())
     lat_max = float((wave if r.level == "batch" else traj_max).mean())
     n_total = sum(t.n for t in loads)
@@ -239,7 +241,7 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
         step_s = cands[binding]
         spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
     terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,
-             "reset_wave_s": float(reset_wave.mean()),
+             "reset_wave_s": float(reset_wave.mean()), "trajectory_latency_mean_s": float(traj_mean.mean()),
              "latency_max_s": lat_max, "makespan_s": makespan, "reward_capacity_s": reward_bound, "train_s": train, "update_s": update,
              "tokens_per_step": tokens, "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha,
              "level": r.level, "step_sd_s": float(np.std(spread))}  # one step's spread: heavy tails make few-step means noisy
