@@ -43,19 +43,21 @@ def summarise(rows: list[dict], scale: float, warmup: int) -> dict:
             "reward_utilisation": statistics.mean(util) if util else None, "steps_measured": len(gaps),
             "step_s_min": min(gaps), "step_s_max": max(gaps), "pool_busy": busy, "trained_mix": _mix(window[1:]),
             "aborted": sum(v for k, v in steps[-1]["buffer"].items() if "abort" in k or "stale" in k or "redundant" in k),
-            "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0), "call_overhead_ms": _overhead(window[1:])}
+            "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0), "call_overhead_ms": _overhead(window[1:]),
+            "call_service_ms": _overhead(window[1:], inside_only=True)}
 
 
-def _overhead(steps: list[dict]) -> dict[str, float]:
+def _overhead(steps: list[dict], inside_only: bool = False) -> dict[str, float]:
     """Per call, wall ms the caller waited beyond the time the call spent inside its service (the
-    emulated engine's queue + compute, the env's own reset/step): Dask, coalescing, the event loop."""
+    emulated engine's queue + compute, the env's own reset/step): Dask, coalescing, the event loop.
+    ``inside_only``: the time inside the service instead (what that wait is a share of)."""
     out = {}
     for stage in ("generate", "env-reset", "env-step"):
         n = sum(r["stage_latency"].get(stage, {}).get("n", 0) for r in steps)
         waited = sum(r["stage_latency"].get(stage, {}).get("sum_s", 0.0) for r in steps)
         inside = sum(r.get("service_s", {}).get(stage, 0.0) for r in steps)
         if n:
-            out[stage] = 1000 * (waited - inside) / n
+            out[stage] = 1000 * (inside if inside_only else waited - inside) / n
     return out
 
 
