@@ -80,11 +80,9 @@ def service_bound_overrides() -> list[str]:
             f"tasks.0.inject={json.dumps(step)}"]
 
 
-async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = ()) -> dict:
-    # eager α=1 keeps up to 2 batches of groups untrained: in flight ≈ 2 × batch_groups × 8
-    cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}",
-                                                                   *overrides])
-    run_dir = out / f"inflight-{inflight}"
+async def timed_run(cfg, run_dir: Path) -> dict:
+    """One run of ``cfg`` on a fresh embedded cluster, its metrics.jsonl fresh in ``run_dir``: the run, its wall
+    seconds, CPU seconds (client, {worker: s}, scheduler) before and after it, and the messages the scheduler sent."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     client, cluster = await connect(cfg.cluster)
@@ -102,6 +100,16 @@ async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = (
     finally:
         await client.close()
         await cluster.close()
+    return {"run": run, "wall_s": wall, "cpu_before": cpu0, "cpu_after": cpu1, "scheduler_sent": sent}
+
+
+async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = ()) -> dict:
+    # eager α=1 keeps up to 2 batches of groups untrained: in flight ≈ 2 × batch_groups × 8
+    cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}",
+                                                                   *overrides])
+    run_dir = out / f"inflight-{inflight}"
+    t = await timed_run(cfg, run_dir)
+    run, wall, cpu0, cpu1, sent = t["run"], t["wall_s"], t["cpu_before"], t["cpu_after"], t["scheduler_sent"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     st = [r for r in rows if r["kind"] == "step"]
     turns = run.counts["turns"]

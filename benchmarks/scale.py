@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
-import time
 from pathlib import Path
 
 import click
@@ -26,6 +24,8 @@ import yaml
 from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 from rollart_dask.tools.ablation.measure import ideal_of, simulated_of, summarise
+
+from control_plane import timed_run  # (benchmarks/ is the script's own folder)
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "flows" / "ablations" / "workloads" / "multitask.yaml"
 
@@ -38,18 +38,6 @@ SHAPES = {
 }
 
 
-def _client_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _cpu_s(dask_worker=None) -> float:
-    import psutil
-
-    t = psutil.Process().cpu_times()
-    return t.user + t.system
-
-
 def shape_flow(shape: str, steps: int, time_scale: float, extra: list[str]):
     s = SHAPES[shape]
     return load_flow(data=yaml.safe_load(WORKLOAD.read_text()), overrides=[
@@ -59,30 +47,12 @@ def shape_flow(shape: str, steps: int, time_scale: float, extra: list[str]):
 
 
 async def measure(cfg, out: Path) -> dict:
-    from rollart_dask.control.run import Run
-    from rollart_dask.models.prepare import prepare_model
-    from rollart_dask.resource.cluster import connect
-    from rollart_dask.tools.lambda_local import start_local_endpoint
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.jsonl").unlink(missing_ok=True)
-    client, cluster = await connect(cfg.cluster)
-    try:
-        run = Run(cfg, client, out, prepare_model(cfg), start_endpoint=start_local_endpoint)
-        await run.setup()
-        cpu0 = (_client_cpu_s(), await client.run_on_scheduler(_cpu_s))
-        t0 = time.monotonic()
-        await run.run()
-        wall = time.monotonic() - t0
-        cpu1 = (_client_cpu_s(), await client.run_on_scheduler(_cpu_s))
-        await run.stop()
-    finally:
-        await client.close()
-        await cluster.close()
+    t = await timed_run(cfg, out)  # the control-plane benchmark's run, CPU counted the same way
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-    emulated_s = wall / cfg.emulation.time_scale
-    return {"rows": rows, "wall_s": wall, "client_cpu_per_emulated_s": (cpu1[0] - cpu0[0]) / emulated_s,
-            "scheduler_cpu_per_emulated_s": (cpu1[1] - cpu0[1]) / emulated_s}
+    emulated_s = t["wall_s"] / cfg.emulation.time_scale
+    (client0, _, sched0), (client1, _, sched1) = t["cpu_before"], t["cpu_after"]
+    return {"rows": rows, "wall_s": t["wall_s"], "client_cpu_per_emulated_s": (client1 - client0) / emulated_s,
+            "scheduler_cpu_per_emulated_s": (sched1 - sched0) / emulated_s}
 
 
 @click.command()
@@ -106,7 +76,7 @@ def main(shapes, steps, warmup, time_scale, out, overrides):
         sim, ideal = simulated_of(cfg, warmup, seeds=2), ideal_of(cfg)
         waited, inside = m["call_overhead_ms"], m["call_service_ms"]
         share = {k: waited[k] / inside[k] for k in waited if inside.get(k)}
-        results.append({"shape": shape, **s, "time_scale": time_scale, "measured": m, "simulated": sim, "ideal": ideal,
+        results.append({"shape": shape, **s, "per_batch": cfg.rollout.batch_groups * cfg.rollout.group_size, "time_scale": time_scale, "measured": m, "simulated": sim, "ideal": ideal,
                         "overhead_share": share, "wall_s": r["wall_s"], "client_cpu_per_emulated_s": r["client_cpu_per_emulated_s"],
                         "scheduler_cpu_per_emulated_s": r["scheduler_cpu_per_emulated_s"]})
     table = Table(title="the runtime at scale (EMULATED hardware, eager α=1, multi-task workload; 2 cores)")
@@ -115,7 +85,7 @@ def main(shapes, steps, warmup, time_scale, out, overrides):
         table.add_column(col, overflow="fold")
     for x in results:
         m, sim, i = x["measured"], x["simulated"], x["ideal"]
-        table.add_row(x["shape"], f"{x['H800'] + x['H20'] + x['train']}", f"{x['batch_groups'] * 8}",
+        table.add_row(x["shape"], f"{x['H800'] + x['H20'] + x['train']}", f"{x['per_batch']}",
                       f"{m['step_s']:.1f} / {sim['step_s']:.1f} / {i['step_s']:.1f}", f"{sim['step_s'] / m['step_s']:.2f}",
                       f"{m['throughput']:.2f} / {sim['throughput']:.2f}",
                       f"{m['trained_mix'].get('swe', 0):.2f} / {sim['trained_mix'].get('swe', 0):.2f}",

@@ -26,6 +26,16 @@ from rollart_dask.observe import console
 from rollart_dask.types import Trajectory
 
 
+def admission_limit(rollout, groups_trained: int, versions: int) -> int:
+    """Groups that may have been admitted once ``groups_trained`` have trained and the engines installed ``versions``
+    since rollout began: eager admission counts trained groups, the rest the engines' versions (the module docstring).
+    Pure: the policy simulator (tools/emulation/simulate.py) admits by it too."""
+    r = rollout
+    if r.admission == "eager" and r.alpha > 0:
+        return groups_trained + (r.alpha + 1) * r.batch_groups
+    return (versions + r.alpha + 1) * r.batch_groups
+
+
 class Launcher:
     def __init__(self, cfg: FlowConfig, buffer: SampleBuffer, proxy: LLMProxy, em: EnvManager, counts: Counter):
         self.cfg, self.buffer, self.proxy, self.em, self.counts = cfg, buffer, proxy, em, counts
@@ -47,10 +57,7 @@ class Launcher:
 
     def limit(self) -> int:
         """Groups that may have been admitted so far (see the module docstring)."""
-        r = self.cfg.rollout
-        if r.admission == "eager" and r.alpha > 0:
-            return self.buffer.counts["groups_trained"] + (r.alpha + 1) * r.batch_groups
-        return (self.proxy.version - self.base_version + r.alpha + 1) * r.batch_groups
+        return admission_limit(self.cfg.rollout, self.buffer.counts["groups_trained"], self.proxy.version - self.base_version)
 
     async def loop(self) -> None:
         r = self.cfg.rollout

@@ -31,6 +31,7 @@ import numpy as np
 from envs.synthetic import draw_length
 from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
+from rollart_dask.control.launcher import admission_limit
 from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads
 from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds
 from rollart_dask.tools.emulation.ideal import per_trajectory_seconds
@@ -213,10 +214,7 @@ class Simulation:
 
     # -- admission (control/launcher.py) -------------------------------------------------------------
     def limit(self) -> int:
-        r = self.r
-        if r.admission == "eager" and r.alpha > 0:
-            return self.buffer.counts["groups_trained"] + (r.alpha + 1) * r.batch_groups
-        return (self.engine_version + r.alpha + 1) * r.batch_groups
+        return admission_limit(self.r, self.buffer.counts["groups_trained"], self.engine_version)
 
     def admit(self) -> None:
         r = self.r
