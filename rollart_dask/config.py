@@ -223,7 +223,8 @@ class RewardConfig(Strict):
     function_timeout_s: int = Field(30, ge=1, description="serverless: the function's Timeout")
     memory_mb: int = Field(512, ge=128)
     concurrency: int | None = Field(None, ge=1, description="serverless: reserved concurrency per function (over it: throttled, retried)")
-    keep_warm_s: float = Field(60, gt=0, description="local endpoint: idle execution environments retire after this")
+    keep_warm_s: float = Field(60, gt=0, description="local endpoint: idle execution environments retire after this many seconds "
+                                                     "(emulated seconds in an emulated flow: × emulation.time_scale on the wall clock)")
     invoke_retries: int = Field(6, ge=0, description="serverless: retries with backoff and jitter on throttles, 5xx and timeouts")
     invoke_threads: int = Field(16, ge=1, description="serverless: concurrent invocations per reward caller task")
     judge_model: str = Field("smollm2", description="stateful rewards (e.g. judge), run on the REWARD pool in either mode: the judge engine's model — "
@@ -265,6 +266,10 @@ class WeightsConfig(Strict):
     bucket_mb: float = Field(64, gt=0, description="published weights are cut into buckets of about this size, each with a sha256")
     keep_versions: int = Field(2, ge=2, description="versions a store keeps; older ones are garbage-collected at publish")
     timeout_s: float = Field(600, gt=0, description="a version not staged on every engine this long after its Train is an error")
+    pull: Literal["background", "at_update"] = Field("background", description="background: engines pull a version as soon as it is "
+                                                     "published, hidden behind rollout (the paper's asynchronous transfer); at_update: "
+                                                     "they pull it in the Update phase with generation suspended (the synchronous "
+                                                     "baseline of the paper's Fig. 11b)")
     mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
 
     @model_validator(mode="after")
@@ -307,6 +312,10 @@ class EmulationConfig(Strict):
     trainer: EmulatedTrainer = Field(default_factory=EmulatedTrainer)
     kv_link_gbps: float = Field(25.0, gt=0, description="ASSUMED link between a prefill and a decode instance for rollout.pd, GB/s "
                                                        "(one 200 Gb/s RDMA NIC): KV transfer time = KV bytes of the model profile / this")
+    weight_link_gbps: float | None = Field(None, gt=0, description="ASSUMED link of one node (8 GPUs) across the training and "
+                                                                  "generation clusters, GB/s (the paper's 200 Gb/s Ethernet: 25): a weight "
+                                                                  "transfer then takes the profile's weight bytes per copy / this "
+                                                                  "(emulation/hardware.weight_transfer_seconds); None: not emulated (instant)")
 
 
 class EvalConfig(Strict):

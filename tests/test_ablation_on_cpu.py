@@ -82,13 +82,25 @@ def test_ideal_of_a_hand_checkable_flow():
     assert r1.step_s == pytest.approx(20 + gen) and r1.binding.startswith("staleness")
     r2 = flow_ideal(load_flow(data=data, overrides=[*safe, "rollout.alpha=2"]), {"H800": 1}, samples=20)
     assert r2.step_s == pytest.approx((20 + gen) / 2)
-    # eager admission may abort what outlives the bound: only capacity and Little's law remain (2 groups of 20 s, 4 in flight)
+    # eager α=1, groups of constant latency ℓ, 2 batches admitted: launched at phase u of an interval S, a group is trainable
+    # iff ℓ ≤ (2−u)S, and an aborted one holds its admission until then; S = E[min(ℓ, w)] / (2 P(ℓ ≤ w)) solves to
+    # 4.5 S² − 4ℓ S + ℓ²/2 = 0, S = ℓ (40 + √700) / 90 — above Little's law alone (ℓ/2): what outlives its window is lost
     eager = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.admission=eager", "rollout.alpha=1"]), {"H800": 1}, samples=20)
-    assert eager.step_s == pytest.approx((20 + gen) / 2) and eager.binding == "group_latency/(alpha+1)"
+    assert eager.step_s == pytest.approx((20 + gen) * (40 + 700 ** 0.5) / 90, rel=5e-3) and eager.binding == "eager:trainable_groups"
+    assert eager.terms["eager_trainable_mix"] == {"t": 1.0} and eager.terms["eager_trainable_share"] == pytest.approx(2 - 90 / (40 + 700 ** 0.5), abs=0.02)  # u ≤ 2 − ℓ/S
     # local rewards two at a time: 4 rewards of 30 s take 60 s however fast the rest is
     slow = emulated_flow(task={"env_args": {"turns": 1, "prompt_tokens": 1, "output_tokens": 1, "reward_s": 30}})
     r = flow_ideal(load_flow(data=slow, overrides=["rollout.alpha=4"]), {"H800": 1}, reward_slots=2, samples=20)
     assert r.terms["reward_capacity_s"] == pytest.approx(60) and r.binding == "reward_capacity"
+
+
+def test_an_emulated_flow_states_the_reward_reclaim_policy_in_emulated_seconds(tmp_path):
+    from rollart_dask.control.reward_plane import RewardPlane
+
+    emulated = load_flow(data=emulated_flow(reward={"mode": "serverless", "keep_warm_s": 180}, emulation={"time_scale": 0.05}))
+    assert RewardPlane(emulated, tmp_path).keep_warm_wall_s() == pytest.approx(9.0)  # 180 emulated s at 0.05
+    real = load_flow(data={"tasks": [{"name": "fl", "env": "frozenlake", "reward": "frozenlake"}], "reward": {"keep_warm_s": 180}})
+    assert RewardPlane(real, tmp_path).keep_warm_wall_s() == 180
 
 
 def test_heavy_env_tails_cost_the_batch_level_barrier_more():
@@ -101,7 +113,7 @@ def test_heavy_env_tails_cost_the_batch_level_barrier_more():
 
 def test_every_shipped_ablation_loads_and_all_its_variants_are_emulated():
     names = ablation_names()
-    assert {"fig10b_modes", "fig11a_affinity", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward"} <= set(names)
+    assert {"fig10b_modes", "fig11a_affinity", "fig11b_weights", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward"} <= set(names)
     for name in names:
         spec, path = load_ablation(name)
         for v in spec.variants:

@@ -75,3 +75,15 @@ def test_benchmark_runs_both_modes(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) == {"sync", "rollart α=1"}
     assert all(r["steps"] >= 1 for r in results.values())
+
+
+def test_scale_benchmark_measures_a_shape_beside_its_simulated_policy(tmp_path):
+    """benchmarks/scale.py at a tiny budget: the paper's cluster shape (128 EMULATED GPUs) with a 4-group batch, its
+    CPU workers sized to what it holds in flight, measured beside its simulated policy and ideal."""
+    res = subprocess.run([sys.executable, "benchmarks/scale.py", "--shape", "paper", "--steps", "4", "--warmup", "1", "--time-scale", "0.01",
+                          "--out", str(tmp_path), "--set", "rollout.batch_groups=40"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [r] = json.loads((tmp_path / "results.json").read_text())
+    assert r["shape"] == "paper" and r["in_flight_max"] == 640 and r["cpu_workers"] == 2  # 640 envs: two hosts of 512 threads
+    assert r["measured"]["step_s"] > 0 and r["simulated"]["step_s"] > 0 and r["ideal"]["step_s"] > 0
+    assert set(r["overhead_share"]) >= {"generate", "env-step"} and 0 < r["client_cpu_share"]

@@ -29,6 +29,8 @@ def test_serverless_rewards_through_the_lambda_api_and_failures_are_counted_not_
     total = {k: sum(r["reward"].get(k, 0) for r in steps) for k in ("calls", "cold_starts", "errors", "billed_s")}
     assert total["calls"] > 0 and total["cold_starts"] >= 1 and total["billed_s"] > 0
     assert any(0 < r["reward"]["utilisation"] <= 1 for r in steps)
+    # on-demand billing: what was paid for is the invocations (handler + cold-start init), mostly spent scoring
+    assert all(0 <= r["reward"]["paid_utilisation"] <= 1 for r in steps) and any(r["reward"]["paid_utilisation"] > 0 for r in steps)
     # the broken task's rewards failed: counted as failed trajectories, never trained on
     assert total["errors"] > 0 and em_counts["reward_errors"] > 0 and result["counts"].get("failed", 0) > 0
     assert result["last"]["eval"]["broken"]["failed_calls"] == result["last"]["eval"]["broken"]["seeds"]

@@ -36,6 +36,14 @@ def admission_limit(rollout, groups_trained: int, versions: int) -> int:
     return (versions + r.alpha + 1) * r.batch_groups
 
 
+def draw_group(rng: random.Random, tasks: dict, start_seed: int) -> tuple[str, int]:
+    """A new group's task (by weight) and env seed (below the held-out range), from the run's generator. Pure: the
+    policy simulator draws by it too, from a generator seeded alike, so it launches the measured run's task sequence."""
+    names = list(tasks)
+    task = rng.choices(names, weights=[tasks[n].weight for n in names])[0]
+    return task, rng.randrange(0, start_seed)
+
+
 class Launcher:
     def __init__(self, cfg: FlowConfig, buffer: SampleBuffer, proxy: LLMProxy, em: EnvManager, counts: Counter):
         self.cfg, self.buffer, self.proxy, self.em, self.counts = cfg, buffer, proxy, em, counts
@@ -74,10 +82,8 @@ class Launcher:
             await self._wake.wait()
 
     def _open_group(self, barrier: TurnBarrier | None) -> str:
-        names = list(self.tasks)
-        task = self.rng.choices(names, weights=[self.tasks[n].weight for n in names])[0]
+        task, seed = draw_group(self.rng, self.tasks, self.cfg.eval.start_seed)
         gid = f"g{self.buffer.opened}-{uuid.uuid4().hex[:6]}"
-        seed = self.rng.randrange(0, self.cfg.eval.start_seed)
         size = self.tasks[task].group_size or self.cfg.rollout.group_size
         if barrier is not None:
             barrier.parties += size + self.cfg.rollout.redundancy

@@ -10,9 +10,12 @@ at start and reported with every step's reward metrics (``rewards.<name>.where``
 
 Utilisation of reward capacity, as the paper compares it: ``local`` = busy time / reserved
 time of the dedicated worker; ``serverless`` = billed duration / lifetime of the execution
-environments that were provisioned (what a serverless platform keeps warm for the run). The
-REWARD workers that host stateful rewards in a serverless run report their own utilisation
-(``local``: busy time / wall time).
+environments that were provisioned (what a serverless platform keeps warm for the run: the local
+endpoint retires an idle one after ``reward.keep_warm_s``, in emulated seconds in an emulated flow).
+``paid_utilisation`` is the share of what the run pays for that scored rewards: local, the same
+(the worker is paid for while reserved); serverless, handler time / billed time (on-demand billing
+charges invocations only, cold-start init included). The REWARD workers that host stateful rewards
+in a serverless run report their own utilisation (``local``: busy time / wall time).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ class RewardPlane:
         self.endpoint = None  # a local endpoint started for this run
         self.url: str | None = None
         self._prev: dict = {}
-        self._prev_endpoint = (0.0, 0.0)  # (environment lifetime s, billed s) at the last step
+        self._prev_endpoint = (0.0, 0.0, 0.0)  # (environment lifetime s, billed s, handler s) at the last step
         self.stateful: list[str] = []  # rewards that need an engine: always on the REWARD pool
         self.where: dict[str, str] = {}  # reward name → where it runs
         self.judge_model: str | None = None  # the judge engine's model, when a stateful reward is used
@@ -112,7 +115,7 @@ class RewardPlane:
                 raise RuntimeError("reward.mode=serverless without reward.endpoint_url needs a local endpoint started for the run: "
                                    "run the flow through rollart_dask.entry.api.run_flow (or `rollart run`), or set reward.endpoint_url")
             self.endpoint = await asyncio.to_thread(self.start_endpoint, host="127.0.0.1", port=0, state_dir=str(self.out / "lambda"),
-                                                    keep_warm_s=r.keep_warm_s, mode="process")
+                                                    keep_warm_s=self.keep_warm_wall_s(), mode="process")
             self.url = self.endpoint.url
             console.print(f"reward endpoint (local, Lambda API): {self.url}")
         else:
@@ -127,6 +130,12 @@ class RewardPlane:
             self.functions[reward] = name
             self.where[reward] = f"SERVERLESS (Lambda {name})"
         return dict(spec, endpoint_url=self.url or "aws")
+
+    def keep_warm_wall_s(self) -> float:
+        """``reward.keep_warm_s`` on the wall clock: an emulated flow states it in emulated seconds (its rewards
+        take emulated time too), so a platform's reclaim policy keeps its proportion to a step."""
+        e = self.cfg.emulation
+        return self.cfg.reward.keep_warm_s * (e.time_scale if self.cfg.emulated and e.time_scale > 0 else 1.0)
 
     def step_stats(self, runner_stats: list[dict], wall_s: float, n_reserved: int) -> dict:
         """Per-step reward metrics from the reward runners' cumulative counters (deltas since the last call).
@@ -159,7 +168,7 @@ class RewardPlane:
                             "errors": int(delta.get("judge_errors", 0)),
                             "batch_ms": round(1000 * delta.get("judge_s", 0.0) / batches, 2) if batches else 0.0}
         if self.mode == "local":
-            out["utilisation"] = round(delta.get("busy_s", 0.0) / max(wall_s * max(n_reserved, 1), 1e-9), 4)
+            out["utilisation"] = out["paid_utilisation"] = round(delta.get("busy_s", 0.0) / max(wall_s * max(n_reserved, 1), 1e-9), 4)
             return out
         out.update(cold_starts=int(delta.get("cold_starts", 0)), throttles=int(delta.get("throttles", 0)),
                    retries=int(delta.get("retries", 0)), errors=int(delta.get("errors", 0)), billed_s=round(delta.get("billed_ms", 0.0) / 1000, 4))
@@ -172,9 +181,11 @@ class RewardPlane:
             fns = self.endpoint.stats().get("functions", {})
             alive = sum(f.get("alive_s", 0.0) for f in fns.values())
             billed = sum(f.get("billed_ms", 0) for f in fns.values()) / 1000
-            d_alive, d_billed = alive - self._prev_endpoint[0], billed - self._prev_endpoint[1]
-            self._prev_endpoint = (alive, billed)
+            ran = sum(f.get("duration_ms", 0.0) for f in fns.values()) / 1000
+            d_alive, d_billed, d_ran = (x - p for x, p in zip((alive, billed, ran), self._prev_endpoint))
+            self._prev_endpoint = (alive, billed, ran)
             out["utilisation"] = round(d_billed / d_alive, 4) if d_alive > 0 else 0.0
+            out["paid_utilisation"] = round(d_ran / d_billed, 4) if d_billed > 0 else 0.0
             out["environments"] = sum(f.get("environments", 0) for f in fns.values())
         return out
 

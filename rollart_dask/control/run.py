@@ -182,13 +182,18 @@ class Run:
         if not self._newer_version():
             return
         s = self.services
-        with phases.phase(self._step_span, "pull-weights"):
-            pulled = await s.weights.wait_staged()
+        at_update = self.cfg.weights.pull == "at_update"  # the synchronous baseline: pulled with generation suspended
+        if not at_update:
+            with phases.phase(self._step_span, "pull-weights"):
+                pulled = await s.weights.wait_staged()
         self._sync = {"at": time.monotonic(), "from": s.proxy.version, "version": self.published}
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "suspend"):
             await s.proxy.suspend()
         self._sync["suspend_s"] = time.perf_counter() - t0
+        if at_update:
+            with phases.phase(self._step_span, "pull-weights"):
+                pulled = await s.weights.wait_staged()
         if rec is not None:
             rec.weights = pulled
 
@@ -233,7 +238,10 @@ class Run:
             samples, rec.batch = build_samples(groups, ADVANTAGES.get(self.cfg.trainer.advantage))
             stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
-            fut = s.d.submit_one("train", tasks.trainer_step, samples, s.weights.publishing, pool="TRAIN", worker=s.trainer)
+            # the batch goes straight to the trainer's worker, not through the scheduler inside the task's graph (a batch of
+            # 2,048 samples is ~45 MiB: the scheduler stalled forwarding it, and Dask warned every step)
+            [batch] = await s.d.client.scatter([samples], workers=[s.trainer], direct=True, hash=False)
+            fut = s.d.submit_one("train", tasks.trainer_step, batch, s.weights.publishing, pool="TRAIN", worker=s.trainer)
         self._training = (fut, rec)
         if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
             await self._finish_training(write=False)

@@ -9,6 +9,9 @@ meanwhile), then Update only swaps. Both figures are cut from the same two insta
 last engine staged (``done``), and ``waited_s`` is the part of that window during which the loop was
 waiting for it (from ``max(t0, the loop started waiting)`` to ``done``; the loop's own wake-up after
 ``done`` is not transfer). ``hidden_s = transfer_s − waited_s`` is the part done before the loop needed it.
+
+``weights.pull: at_update`` is the synchronous baseline: the stage tasks are sent only when the loop asks for
+the version, with generation suspended (Run.suspend_rollout), so all of the transfer is waited for.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ class WeightStore:
         self.cfg, self.d, self.trainer, self.run_dir = cfg, dispatcher, trainer, Path(run_dir)
         self.master: LocalMaster | None = None
         self._staging: asyncio.Future | None = None
+        self._deferred = None  # pull=at_update: the stage of the latest version, sent when the loop asks for it
         self.publishing = None  # the Dask future of the latest publish task (on the trainer's worker)
         self._closed = False
         self.transfers: list[dict] = []  # one per staged version (metrics rows and the run summary)
@@ -59,15 +63,25 @@ class WeightStore:
         ``setup``: published before rollout (warm start, resume), left out of the run's means."""
         if self._staging is not None and not self._staging.done():
             raise RuntimeError(f"weights v{version} published while the previous version is still being staged")
-        spec = self.spec()
+        spec = {**self.spec(), "engine_pools": sorted(engines.values())}  # (an emulated engine times its pull by them)
         published = self.publishing = self.d.submit_one("publish-weights", worker.trainer_publish, version, spec, after,
                                                         pool="TRAIN", worker=self.trainer)
         if self.kind == "dask":  # the buckets as one Dask result on the trainer; each engine's task fetches it peer-to-peer
             buckets = self.d.submit_one("weights-bucket", worker.trainer_buckets, version, published, pool="TRAIN", worker=self.trainer)
-            staged = [self.d.submit_one("stage-weights", worker.engine_stage_dask, published, buckets, pool=p, worker=a) for a, p in engines.items()]
+
+        def stage() -> None:
+            if self.kind == "dask":
+                staged = [self.d.submit_one("stage-weights", worker.engine_stage_dask, published, buckets, spec, pool=p, worker=a)
+                          for a, p in engines.items()]
+            else:
+                staged = [self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=p, worker=a)
+                          for a, p in engines.items()]
+            self._staging = asyncio.ensure_future(self._timed(version, after, published, staged, setup))
+
+        if self.cfg.pull == "at_update" and not setup:
+            self._deferred = stage
         else:
-            staged = [self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=p, worker=a) for a, p in engines.items()]
-        self._staging = asyncio.ensure_future(self._timed(version, after, published, staged, setup))
+            stage()
 
     async def _timed(self, version: int, after, published, staged: list, setup: bool) -> dict:
         if after is not None:
@@ -84,6 +98,9 @@ class WeightStore:
     async def wait_staged(self) -> dict:
         """Before Update: wait for the rest of the pull (``waited_s``; rollout and training go on meanwhile); its transfer record.
         A publish or stage that fails raises here; one that takes longer than ``weights.timeout_s`` is an error naming it."""
+        if self._deferred is not None:  # pull=at_update: the transfer starts now, generation suspended
+            self._deferred, stage = None, self._deferred
+            stage()
         if self._staging is None:
             raise RuntimeError("no weights were published to swap in")
         t0 = time.monotonic()

@@ -69,20 +69,23 @@ def trainer_buckets(version: int, _after=None) -> list[bytes]:
     return blobs
 
 
-def _stage(manifest: dict, fetch) -> dict:
+def _stage(manifest: dict, fetch, spec: dict) -> dict:
     t0 = time.perf_counter()
     version, weights = manifest["version"], {}
     for i in range(len(manifest["buckets"])):
         weights.update(verify(manifest, i, fetch(i)))
+    emulated = getattr(service(ENGINE), "emulated_pull_s", None)  # EMULATED engines: the profile's weights cross the link too
+    if emulated is not None:
+        time.sleep(emulated(spec))
     for old in [v for v in _staged if v < version]:
         del _staged[old]
     _staged[version] = weights
     return {"stage_s": time.perf_counter() - t0, "bytes": manifest["bytes"]}
 
 
-def engine_stage_dask(manifest: dict, buckets: list[bytes]) -> dict:
+def engine_stage_dask(manifest: dict, buckets: list[bytes], spec: dict) -> dict:
     """The buckets arrive as this task's dependency (Dask moved them from the trainer's worker)."""
-    return _stage(manifest, lambda i: buckets[i])
+    return _stage(manifest, lambda i: buckets[i], spec)
 
 
 def engine_stage_mooncake(manifest: dict, spec: dict) -> dict:
@@ -95,7 +98,7 @@ def engine_stage_mooncake(manifest: dict, spec: dict) -> dict:
             raise KeyError(f"mooncake has no {key} (evicted, or garbage-collected: weights.keep_versions={spec['keep_versions']})")
         return data
 
-    return _stage(manifest, fetch)
+    return _stage(manifest, fetch, spec)
 
 
 def engine_swap(version: int) -> int:

@@ -38,9 +38,11 @@ def summarise(rows: list[dict], scale: float, warmup: int) -> dict:
     trajs = statistics.mean(r["trajectories"] for r in window[1:])
     rollout = [r["trajectory_s"]["mean"] / scale for r in window[1:] if r.get("trajectory_s", {}).get("n")]
     util = [r["reward"]["utilisation"] for r in window[1:] if r.get("reward", {}).get("utilisation") is not None]
+    paid = [r["reward"]["paid_utilisation"] for r in window[1:] if r.get("reward", {}).get("paid_utilisation") is not None]
     busy = {p: statistics.mean(r["pool_busy"].get(p, 0.0) for r in window[1:]) for p in ("H800", "H20", "TRAIN")}
     return {"step_s": step_s, "throughput": trajs / step_s, "rollout_s": statistics.mean(rollout) if rollout else None,
-            "reward_utilisation": statistics.mean(util) if util else None, "steps_measured": len(gaps),
+            "reward_utilisation": statistics.mean(util) if util else None,
+            "reward_paid_utilisation": statistics.mean(paid) if paid else None, "steps_measured": len(gaps),
             "step_s_min": min(gaps), "step_s_max": max(gaps), "pool_busy": busy, "trained_mix": _mix(window[1:]),
             "aborted": sum(v for k, v in steps[-1]["buffer"].items() if "abort" in k or "stale" in k or "redundant" in k),
             "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0), "call_overhead_ms": _overhead(window[1:]),
@@ -90,13 +92,16 @@ def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
 
     runs = [simulate(cfg, engine_workers(cfg), reward_slots(cfg), warmup=warmup, seed=s) for s in range(seeds)]
     mix: dict[str, float] = {}
+    held: dict[str, float] = {}  # which tasks hold the admitted (open) groups, time-averaged
     for r in runs:
         for k, v in r.trained_mix.items():
             mix[k] = mix.get(k, 0.0) + v / len(runs)
+        for k, v in r.held_mix.items():
+            held[k] = held.get(k, 0.0) + v / len(runs)
     rollout = [r.rollout_s for r in runs if r.rollout_s is not None]
     return {"step_s": statistics.mean(r.step_s for r in runs), "step_sd_s": statistics.pstdev(r.step_s for r in runs),
             "throughput": statistics.mean(r.throughput for r in runs), "rollout_s": statistics.mean(rollout) if rollout else None,
-            "trained_mix": mix, "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k)
+            "trained_mix": mix, "held_mix": held, "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k)
                                                            for r in runs),
             "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs), "seeds": seeds}
 

@@ -9,7 +9,7 @@ from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
 
 def _ratio(metric: str, value: float | None, base: float | None) -> float | None:
     """Speed-up against the baseline (>1 = better), or the value itself for utilisation."""
-    if metric == "reward_utilisation":
+    if metric.startswith("reward_"):  # utilisations: the value itself
         return value
     if not value or not base:
         return None
@@ -40,6 +40,8 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
         row["aborted"] = m.get("aborted")
         row["groups_dropped"] = m.get("groups_dropped")
         row["trained_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((m.get("trained_mix") or {}).items()))
+        row["simulated_held_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted(((r.get("simulated") or {}).get("held_mix") or {}).items()))
+        row["eager_trainable_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((r["ideal"].get("terms", {}).get("eager_trainable_mix") or {}).items()))
         row["simulated_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted(((r.get("simulated") or {}).get("trained_mix") or {}).items()))
         cost = r.get("cost") or {}
         row["cost_per_step"] = cost.get("measured", {}).get("per_step")
@@ -69,7 +71,7 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
         w.writeheader()
         w.writerows(rows)
     label, unit, _ = METRICS[spec.metric]
-    ratio = "value" if spec.metric == "reward_utilisation" else "speed-up vs baseline"
+    ratio = "value" if spec.metric.startswith("reward_") else "speed-up vs baseline"
     lines = [f"### {spec.figure}: {spec.title} (EMULATED hardware)", "",
              f"Metric: {label} ({unit}), measured over {rows[0]['steps_measured']} steps after {spec.warmup_steps} warm-up steps, "
              f"time scale {rows[0]['time_scale']}.", "",
@@ -95,6 +97,11 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
               "measurements land on either side of the ideal by luck): " + ", ".join(
                   f"{r['variant']} {_fmt(next(x['ideal']['step_s'] for x in results if x['variant'] == r['variant']))} ± "
                   f"{_fmt(r['ideal_step_noise_s'])} s" for r in rows)]
+    lines += ["", "Which tasks each variant trains and which hold its admission (groups open, time-averaged, simulated); for "
+              "eager admission, the mix its bound can train (groups that fit their staleness window at the ideal step):"]
+    lines += [f"- {r['variant']}: trained {r['trained_mix'] or '—'} (simulated {r['simulated_mix'] or '—'}); admission held by "
+              f"{r['simulated_held_mix'] or '—'}" + (f"; trainable at the bound {r['eager_trainable_mix']}" if r["eager_trainable_mix"] else "")
+              for r in rows]
     for metric in spec.also:
         lines += ["", f"Also: {METRICS[metric][0]} ({METRICS[metric][1]}): " + ", ".join(
             f"{r['variant']} {_fmt(r[f'ours {metric}'])} (ideal {_fmt(r[f'ideal {metric}'])})" for r in rows)]
@@ -127,7 +134,7 @@ def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
     a.set_ylabel(f"{label} ({unit})")
     a.legend()
     a.set_title(f"{spec.figure}: {label}")
-    ratio = "value" if spec.metric == "reward_utilisation" else "speed-up vs baseline"
+    ratio = "value" if spec.metric.startswith("reward_") else "speed-up vs baseline"
     b.bar([i - 0.27 for i in x], [r["ours_vs_baseline"] or 0 for r in rows], 0.27, label="ours")
     b.bar(list(x), [r["ideal_vs_baseline"] or 0 for r in rows], 0.27, label="ideal", color="lightgray", edgecolor="gray")
     b.bar([i + 0.27 for i in x], [r["paper_vs_baseline"] or 0 for r in rows], 0.27, label="paper", color="tab:orange")

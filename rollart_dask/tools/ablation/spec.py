@@ -16,8 +16,10 @@ METRICS = {
     "step_s": ("mean step time", "emulated s", False),
     "throughput": ("trajectories per emulated second", "traj/s", True),
     "rollout_s": ("mean trajectory rollout time (launch → reward)", "emulated s", False),
-    "reward_utilisation": ("reward capacity utilisation", "fraction", True),
+    "reward_utilisation": ("reward capacity utilisation (busy / provisioned)", "fraction", True),
+    "reward_paid_utilisation": ("share of paid reward time spent scoring (local: = utilisation; serverless: handler / billed)", "fraction", True),
 }
+Metric = Literal["step_s", "throughput", "rollout_s", "reward_utilisation", "reward_paid_utilisation"]
 
 
 def fraction(metric: str, measured: float | None, ideal: float | None) -> float | None:
@@ -36,8 +38,8 @@ class AblationSpec(Strict):
     figure: str = Field(description="the paper's figure this reproduces, e.g. 'Fig. 13'")
     title: str
     flow: str = Field(description="the emulated flow, relative to this file")
-    metric: Literal["step_s", "throughput", "rollout_s", "reward_utilisation"]
-    also: list[Literal["step_s", "throughput", "rollout_s", "reward_utilisation"]] = Field(default_factory=list, description="further metrics reported")
+    metric: Metric
+    also: list[Metric] = Field(default_factory=list, description="further metrics reported")
     baseline: str | dict[str, str] = Field(description="the variant ratios are taken against, or variant → its own baseline "
                                                        "(variants left out are compared with themselves)")
     tasks: list[str] | None = Field(None, description="keep only these tasks of the flow (default: all)")

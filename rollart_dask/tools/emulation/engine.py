@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from rollart_dask.tools.emulation.batch import BLOCK, ContinuousBatch, Seq, block_hashes
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS
+from rollart_dask.tools.emulation.hardware import GPUS, MODELS, weight_transfer_seconds
 from rollart_dask.tools.emulation.instance import EmulatedEngine
 from rollart_dask.types import Completion
 
@@ -49,8 +49,22 @@ class EmulatedInstances:
         spec = emulation.pools.get(pool)
         if spec is None or spec.gpus == 0:
             raise RuntimeError(f"emulation.pools has no GPUs for pool {pool}, which this flow generates on")
-        return cls(spec.gpus // spec.tp, model=MODELS[emulation.model], gpu=GPUS[spec.gpu], tp=spec.tp, time_scale=emulation.time_scale,
-                   seed=seed, kv_link_gbps=emulation.kv_link_gbps)  # kv_link_gbps: the ASSUMED link of rollout.pd
+        engine = cls(spec.gpus // spec.tp, model=MODELS[emulation.model], gpu=GPUS[spec.gpu], tp=spec.tp, time_scale=emulation.time_scale,
+                     seed=seed, kv_link_gbps=emulation.kv_link_gbps)  # kv_link_gbps: the ASSUMED link of rollout.pd
+        engine.emulation = emulation
+        return engine
+
+    emulation: EmulationConfig | None = None
+
+    def emulated_pull_s(self, spec: dict) -> float:
+        """Wall seconds a weight pull takes on this worker: the cross-cluster transfer of the profile's weights
+        (``hardware.weight_transfer_seconds``) for ``spec['pull']``, the generation GPUs of every engine worker the
+        version goes to (``spec['engine_pools']``, one entry each) and the trainer's, × time_scale. 0 unconfigured."""
+        e = self.emulation
+        if e is None or not spec.get("engine_pools"):
+            return 0.0
+        gen = sum(e.pools[p].gpus for p in spec["engine_pools"] if p in e.pools)
+        return weight_transfer_seconds(MODELS[e.model], gen, e.trainer.gpus, e.weight_link_gbps, spec.get("pull", "background")) * e.time_scale
 
     @property
     def version(self) -> int:

@@ -13,8 +13,11 @@ Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
 - Staleness: a group started in step interval k runs on version k−1 and must be trained by version
   k−1+α, i.e. finish within α intervals — so with ``safe`` admission (no group ever aborted) a step
   lasts at least the batch's slowest group latency / α. ``eager`` admission aborts what outlives
-  the bound instead: its ideal is the capacity bound alone, and what aborts waste (and the task
-  mix they shift, as dropped groups) is measured, not assumed.
+  the bound instead, and admits at most (α+1) batches beyond those trained: ``eager_bound`` — a
+  group launched at a uniform point u of an interval S is trainable only if it finishes within
+  (α+1−u)·S, and an aborted one holds its admission until then, so S ≥ E[occupancy] / ((α+1)·P(trainable))
+  (Little's law over trained groups). It also gives the mix eager can train at best: the
+  trainable groups' tasks.
 - Reward capacity: serverless is unbounded; local rewards run ``slots`` at a time (the REWARD
   worker's task threads), so N × E[reward] / slots bounds the step from below.
 - Env failures and hangs cost what they take until they fail, resets retried as the runtime does
@@ -33,7 +36,8 @@ from envs.inject import parse_spec
 from envs.synthetic import draw_length, length_mean
 
 from rollart_dask.config import task_pools
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, decode_step_seconds, prefill_seconds, train_step_seconds, weight_load_seconds
+from rollart_dask.tools.emulation.hardware import (GPUS, MODELS, decode_step_seconds, prefill_seconds, train_step_seconds, weight_load_seconds,
+                                                   weight_transfer_seconds)
 from rollart_dask.tools.emulation.ideal import Ideal, Pool, Workload, per_trajectory_seconds
 
 
@@ -171,10 +175,10 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
     generate), every group's latency — its slowest member's, as GRPO needs the whole group —, and
     the batch-level reset phase (the slowest member's reset, retries included), and the mean trajectory's
     latency (launch → reward: what a trajectory's rollout time cannot beat). Env failures cost
-    the time until they fail (their replacements are not modelled: a lower bound)."""
+    the time until they fail (their replacements are not modelled: a lower bound). Last, each group's task."""
     rng, py = np.random.default_rng(seed), random.Random(seed)
     traj_max, wave, every, reset_wave = np.zeros(samples), np.zeros(samples), [], np.zeros(samples)
-    traj_mean = np.zeros(samples)
+    traj_mean, group_task = np.zeros(samples), []
     fastest = [min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
                    key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()))
                for t in loads]
@@ -191,6 +195,7 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
             turns.append(_generation_latency(t, model, pool, outs) + steps)
             rewards.append(np.full(n, t.reward_s))
             groups += [t.group_size] * int(k)
+            group_task += [t.name] * int(k)
         width = max(x.shape[1] for x in turns)
         per_turn = np.concatenate([np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in turns])
         reset, reward = np.concatenate(resets), np.concatenate(rewards)
@@ -201,7 +206,32 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
         for k in range(width):
             clock += per_turn[:, k].max()
         wave[s] = clock + reward.max()
-    return traj_max, wave, np.array([x for xs in every for x in xs]), reset_wave, traj_mean
+    return traj_max, wave, np.array([x for xs in every for x in xs]), reset_wave, traj_mean, np.array(group_task)
+
+
+PHASES = 64  # launch phases within an interval, midpoints of a uniform grid
+
+
+def eager_window(latencies: np.ndarray, alpha: int, S: float) -> tuple[float, np.ndarray]:
+    """At step time S under eager admission (α+1 batches admitted beyond those trained), a group launched at phase u of
+    its interval is trainable only if its latency ℓ ≤ w = (α+1−u)·S, and an aborted one holds its admission until w.
+    Returns the step time that admission allows then, E[min(ℓ, w)] / ((α+1)·P(ℓ ≤ w)) (Little's law over trained
+    groups), and each group's chance of being trainable."""
+    lat = np.asarray(latencies, dtype=float)[:, None]
+    w = (alpha + 1 - (np.arange(PHASES) + 0.5) / PHASES)[None, :] * S
+    ok = lat <= w
+    p = ok.mean()
+    return (float(np.minimum(lat, w).mean()) / ((alpha + 1) * p) if p else float("inf")), ok.mean(1)
+
+
+def eager_bound(latencies: np.ndarray, alpha: int) -> float:
+    """The smallest step time S that eager admission allows itself: S ≥ eager_window(S) (bisection; at S = max ℓ / α
+    every group fits any phase, and the window's demand falls as S grows)."""
+    lo, hi = 0.0, float(np.max(latencies)) / alpha
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if eager_window(latencies, alpha, mid)[0] <= mid else (mid, hi)
+    return hi
 
 
 def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0) -> Ideal:
@@ -213,7 +243,7 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
     loads = task_loads(cfg)
     t_thr = _throughput_bound(loads, pools, model)
     timeout_s = r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")  # in emulated seconds
-    traj_max, wave, every, reset_wave, traj_mean = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s)
+    traj_max, wave, every, reset_wave, traj_mean, group_task = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s)
     lat_mean = float(every.mean())
     lat_max = float((wave if r.level == "batch" else traj_max).mean())
     n_total = sum(t.n for t in loads)
@@ -223,7 +253,12 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
     e = cfg.emulation
     train = train_step_seconds(model, e.trainer.gpus, int(tokens), GPUS[e.trainer.gpu])
     update = max(weight_load_seconds(model, p.gpu, p.tp) for p in pools.values())
+    if cfg.weights.pull == "at_update" or r.alpha == 0:  # the cross-cluster transfer inside the pause (or with nothing to hide
+        # behind: synchronous training waits for it either way); background pulls may hide behind rollout: not counted
+        update += weight_transfer_seconds(model, sum(e.pools[p].gpus * k for p, k in engine_workers.items() if p in e.pools),
+                                          e.trainer.gpus, e.weight_link_gbps, cfg.weights.pull)
     alpha = r.alpha
+    eager_mix, trainable = None, None  # eager admission: the mix it can train at best, and the share of groups trainable
     per_sample = np.maximum(np.maximum(wave if r.level == "batch" else traj_max, t_thr), reward_bound)  # one batch's makespan
     if alpha == 0:
         step_s, binding = makespan + update + train, "rollout+update+train"
@@ -233,16 +268,22 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
         binding = ("rollout" if makespan >= train else "train") + "+update"
         spread = np.maximum(per_sample, train)
     else:
-        cands = {"rollout_throughput+update": t_thr + update, "train": train, "group_latency/(alpha+1)": lat_mean / (alpha + 1),
-                 "reward_capacity": reward_bound}
+        cands = {"rollout_throughput+update": t_thr + update, "train": train, "reward_capacity": reward_bound}
         if r.admission == "safe":  # no group is ever aborted: the slowest must fit the bound
+            cands["group_latency/(alpha+1)"] = lat_mean / (alpha + 1)
             cands["staleness:slowest_group/alpha"] = float(traj_max.mean()) / alpha
+        else:  # eager: what outlives its window is aborted, having held its admission until then
+            cands["eager:trainable_groups"] = eager_bound(every, alpha)
         binding = max(cands, key=cands.get)
         step_s = cands[binding]
         spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
+        if r.admission == "eager":  # what can be trained at the bound's step time: the mix eager admission can reach at best
+            trainable = eager_window(every, alpha, step_s)[1]
+            eager_mix = {str(k): float(trainable[group_task == k].sum() / trainable.sum()) for k in sorted(set(group_task))}
     terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,
              "reset_wave_s": float(reset_wave.mean()), "trajectory_latency_mean_s": float(traj_mean.mean()),
              "latency_max_s": lat_max, "makespan_s": makespan, "reward_capacity_s": reward_bound, "train_s": train, "update_s": update,
              "tokens_per_step": tokens, "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha,
-             "level": r.level, "step_sd_s": float(np.std(spread))}  # one step's spread: heavy tails make few-step means noisy
+             "level": r.level, "step_sd_s": float(np.std(spread)),
+             "eager_trainable_mix": eager_mix, "eager_trainable_share": None if trainable is None else float(trainable.mean())}  # one step's spread: heavy tails make few-step means noisy
     return Ideal(r.mode, step_s, binding, terms)

@@ -139,6 +139,23 @@ def weight_load_seconds(model: ModelProfile, gpu: GPUProfile, tp: int = 1) -> fl
     return model.weight_bytes / tp / (gpu.h2d_gbps * 1e9)
 
 
+GPUS_PER_NODE = 8  # ASSUMED: a node holds 8 GPUs and one cross-cluster NIC (weight_link_gbps)
+
+
+def weight_transfer_seconds(model: ModelProfile, generation_gpus: int, train_gpus: int, link_gbps: float | None, pull: str) -> float:
+    """A new version from the training cluster to every generation node, across the clusters' links (ASSUMED model):
+    ``background`` — through a store (Mooncake): the trainer puts one copy, then every generation node gets its own over
+    its own link, all at once: 2 × bytes / link; ``at_update`` — pushed by the trainer with no store: every generation
+    node's copy leaves through the training nodes' links: nodes × bytes / (training nodes × link). No link: 0."""
+    if link_gbps is None:  # not emulated
+        return 0.0
+    nodes = lambda gpus: max(1, -(-gpus // GPUS_PER_NODE))  # noqa: E731
+    link = link_gbps * 1e9
+    if pull == "background":
+        return 2 * model.weight_bytes / link
+    return nodes(generation_gpus) * model.weight_bytes / (nodes(train_gpus) * link)
+
+
 def train_step_seconds(model: ModelProfile, gpus: int | list[GPUProfile], tokens: int, gpu: GPUProfile = H800) -> float:
     """6 × params × tokens / (n × peak × MFU): forward (2) + backward (4) FLOPs per parameter per token.
     ``gpus`` is a count of ``gpu`` or a list of profiles (their capacities add up)."""

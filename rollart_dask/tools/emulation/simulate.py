@@ -16,7 +16,9 @@ Service times come from the models the ideal uses:
   a pool's instances are shared among the turns generating on it (processor sharing, water-filled up to each
   turn's own top speed). Suspend aborts the turns in flight; they start again, from nothing, at Resume;
 - reward: serverless at once (its cost ``reward_s``), local on ``reward_slots`` servers in arrival order;
-- train: ``train_step_seconds`` of the batch's tokens; update: ``weight_load_seconds`` of the slowest instance.
+- train: ``train_step_seconds`` of the batch's tokens; update: ``weight_load_seconds`` of the slowest instance, after
+  the cross-cluster transfer (``weight_transfer_seconds``): pulled in the background from the publish on, or inside
+  the pause with ``weights.pull: at_update``.
 """
 from __future__ import annotations
 
@@ -31,12 +33,15 @@ import numpy as np
 from envs.synthetic import draw_length
 from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
-from rollart_dask.control.launcher import admission_limit
+from rollart_dask.control.launcher import admission_limit, draw_group
 from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds
+from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds, weight_transfer_seconds
 from rollart_dask.tools.emulation.ideal import per_trajectory_seconds
 from rollart_dask.tools.emulation.sharing import Barrier, SharedPool
 from rollart_dask.types import Trajectory
+
+
+PROBE_S = 1.0  # emulated seconds between samples of which tasks hold admission (open groups)
 
 
 @dataclass
@@ -46,6 +51,7 @@ class SimResult:
     rollout_s: float | None  # mean launch → reward of the trajectories that finished
     trained_mix: dict[str, float]
     counts: dict = field(default_factory=dict)  # the buffer's counts (aborted_stale, evicted_stale, groups_dropped, …)
+    held_mix: dict[str, float] = field(default_factory=dict)  # time-averaged share of the open groups per task
     train_done_at: list[float] = field(default_factory=list)
 
 
@@ -60,8 +66,13 @@ class Simulation:
         self.pools = {p: SharedPool(self, pool.instances) for p, pool in pools.items()}
         self.reward_slots = reward_slots
         self.rng, self.py = np.random.default_rng(seed), random.Random(seed)
+        self.task_rng = random.Random(cfg.seed)  # the launcher's: every seed launches the measured run's task sequence
         self.timeout_s = self.r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")
         self.update_s = max(weight_load_seconds(self.model, p.gpu, p.tp) for p in pools.values())
+        e, self.pull = cfg.emulation, cfg.weights.pull
+        gen_gpus = sum(e.pools[p].gpus * k for p, k in engine_workers.items() if p in e.pools)
+        self.transfer_s = weight_transfer_seconds(self.model, gen_gpus, e.trainer.gpus, e.weight_link_gbps, self.pull)
+        self.staged_at = 0.0  # pull=background: when the engines hold the latest published version
         self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch)
         self.now, self._events, self._seq = 0.0, [], itertools.count()
         self.procs: dict[str, object] = {}  # trajectory → its generator
@@ -79,6 +90,8 @@ class Simulation:
         self._task_of: dict[str, str] = {}
         self._work_of: dict[tuple, float] = {}
         self._loop = None
+        self.held: Counter = Counter()  # task → open groups summed over the probes (every PROBE_S emulated s)
+        self._next_probe = 0.0
 
     # -- the event loop ------------------------------------------------------------------------------
     def at(self, t: float, fn, *args) -> None:
@@ -99,6 +112,9 @@ class Simulation:
             if t > horizon_s or n > events_per_finish:  # e.g. every trajectory failing: groups dropped and reopened for ever
                 raise RuntimeError(f"the simulated policy made no step: no trajectory finished in {n} events ({t:.0f} emulated s); "
                                    f"{len(self.train_done_at)} of {steps} steps, buffer {dict(self.buffer.counts)}")
+            while self._next_probe <= t:  # the state holds between events: sample it at the probe times passed
+                self.held.update(g.task for g in self.buffer.groups.values())
+                self._next_probe += PROBE_S
             self.now = t
             fn(*args)
 
@@ -229,8 +245,7 @@ class Simulation:
         return all(g not in self.buffer.groups or not self.buffer.groups[g].running() for g in self.wave)
 
     def _open_group(self, barrier: Barrier | None) -> str:
-        names = list(self.tasks)
-        task = self.py.choices(names, weights=[self.tasks[n].weight for n in names])[0]
+        task, _ = draw_group(self.task_rng, self.tasks, self.cfg.eval.start_seed)
         gid = f"g{self.buffer.opened}"
         size = self.tasks[task].group_size or self.r.group_size
         self._carry_out(self.buffer.open_group(gid, task, 0, size), barrier)
@@ -274,12 +289,17 @@ class Simulation:
             yield
 
     def _install(self):
-        """Suspend → Update → Resume when a newer version is published (generation paused for the swap)."""
+        """Suspend → Update → Resume when a newer version is published (generation paused for the swap); the
+        background pull must have ended first, a pull at update happens inside the pause."""
         if self.published <= self.engine_version:
             return
+        if self.pull == "background" and self.now < self.staged_at:
+            self.at(self.staged_at, self._step_loop)
+            while self.now < self.staged_at:
+                yield
         for pool in self.pools.values():
             pool.pause()
-        swapped = self.now + self.update_s
+        swapped = self.now + self.update_s + (self.transfer_s if self.pull == "at_update" else 0.0)
         self.at(swapped, self._step_loop)
         while self.now < swapped:  # (trajectories ending meanwhile wake the loop too)
             yield
@@ -292,6 +312,7 @@ class Simulation:
     def _trained(self) -> None:
         self.training = False
         self.published += 1
+        self.staged_at = self.now + self.transfer_s  # (background: the engines pull it meanwhile)
         self.train_done_at.append(self.now)
         self._step_loop()
 
@@ -302,9 +323,10 @@ class Simulation:
             raise RuntimeError(f"the simulation trained {len(self.train_done_at)} steps: need warm-up ({warmup}) + 2")
         step_s = float(gaps.mean())
         n = self.r.batch_groups * self.r.group_size
-        total = sum(self.trained_groups.values()) or 1
+        total, held = sum(self.trained_groups.values()) or 1, sum(self.held.values()) or 1
         return SimResult(step_s, n / step_s, float(np.mean(self.rollout_s)) if self.rollout_s else None,
-                         {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts), list(self.train_done_at))
+                         {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts),
+                         {k: v / held for k, v in sorted(self.held.items())}, list(self.train_done_at))
 
 
 def simulate(cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2,
