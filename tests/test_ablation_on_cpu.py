@@ -203,3 +203,24 @@ def test_stream_prefix_cache_serves_the_conversation_so_far():
     e.reset_prefix_cache()
     e.generate([{"id": "t1#c", "prompt": "", "emulate": {"prompt_tokens": 1200, "output_tokens": 5}}])
     assert e.stats["cached_tokens"] == st["cached_tokens"]  # nothing more was served after the reset
+
+
+def test_report_only_reports_the_runs_already_there_and_names_a_missing_one(tmp_path):
+    """--report-only reads each variant's metrics.jsonl under OUT (no cluster): measured from those rows, the ideal and
+    the simulation recomputed; a variant never run is an error naming it and where it looked."""
+    import json
+
+    from rollart_dask.config import FlowError
+    from rollart_dask.tools.ablation.measure import _slug, run_ablation
+
+    spec, path = load_ablation("fig14_reward")
+    first = spec.variants[0]
+    run_dir = tmp_path / "runs" / _slug(first.name)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in _rows([9, 9, 1, 1, 1])) + "\n")
+    with pytest.raises(FlowError, match=r"no run of variant 'serverless' under .*runs/serverless"):
+        run_ablation(spec, path, tmp_path, tiny=True, report_only=True)
+    spec.variants = [first]
+    [r] = run_ablation(spec, path, tmp_path, tiny=True, report_only=True)
+    assert r["measured"]["step_s"] == pytest.approx(1.0 / 0.005)  # 1 s gaps at the tiny time scale and r["simulated"]["step_s"] > 0 and r["ideal"]["step_s"] > 0
+    assert (tmp_path / "results.md").is_file()

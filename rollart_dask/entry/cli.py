@@ -97,7 +97,9 @@ def run(flow, overrides, scheduler, out, resume):
 @click.option("--tiny", is_flag=True, help="the smallest that still measures (the test suite's)")
 @click.option("--out", default="runs/ablations", show_default=True, type=click.Path(file_okay=False), help="one folder per ablation under it")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every variant")
-def ablate(name, quick, tiny, out, overrides):
+@click.option("--report-only", is_flag=True, help="report the runs already under --out again (ideal, simulation and cost "
+                                                  "recomputed with the code of today), running nothing")
+def ablate(name, quick, tiny, out, overrides, report_only):
     """Run ablation NAME (a file in flows/ablations/, or 'all') on EMULATED hardware: every variant side by side,
     reported beside the paper and beside its own ideal (results.csv, results.md, results.png).
     'calibrate' checks the paper's facts about the workload (Fig. 3–6) on it instead; 'all' does that first."""
@@ -122,7 +124,7 @@ def ablate(name, quick, tiny, out, overrides):
         specs = [load_ablation(n) for n in names]
         for (spec, path), n in zip(specs, names):
             target = Path(out) / Path(n).stem
-            run_ablation(spec, path, target, quick=quick, tiny=tiny, extra=list(overrides))
+            run_ablation(spec, path, target, quick=quick, tiny=tiny, extra=list(overrides), report_only=report_only)
             click.echo((target / "results.md").read_text())
     except FlowError as e:
         raise click.ClickException(str(e))

@@ -74,9 +74,9 @@ def _mix(steps: list[dict]) -> dict[str, float]:
 
 
 def ideal_of(cfg: FlowConfig) -> dict:
-    from rollart_dask.tools.emulation.flow_ideal import flow_ideal
+    from rollart_dask.tools.emulation.flow_ideal import flow_ideal, launched_batches
 
-    ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg))
+    ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg), batches=launched_batches(cfg))  # the measured run's task sequence
     n = ideal.terms["trajectories_per_step"]
     return {"step_s": ideal.step_s, "throughput": n / ideal.step_s, "binding": ideal.binding, "step_sd_s": ideal.terms["step_sd_s"],
             "rollout_s": ideal.terms["trajectory_latency_mean_s"], "terms": ideal.terms}  # launch → reward, alone
@@ -155,26 +155,32 @@ def _run_blocking(cfg: FlowConfig, out: Path) -> dict:
         return pool.submit(lambda: asyncio.run(_run_variant(cfg, out))).result()
 
 
-def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False, tiny: bool = False, extra: list[str] | None = None) -> list[dict]:
-    """Every variant, measured and beside its ideal; writes results.csv/.md/.png under ``out``."""
+def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False, tiny: bool = False, extra: list[str] | None = None,
+                 report_only: bool = False) -> list[dict]:
+    """Every variant, measured and beside its ideal; writes results.csv/.md/.png under ``out``. ``report_only``: the
+    variants' runs already under ``out`` are reported again — ideal, simulation and cost recomputed — and none is run."""
     out.mkdir(parents=True, exist_ok=True)
+    before = {r["variant"]: r for r in json.loads((out / "results.json").read_text())} if report_only and (out / "results.json").exists() else {}
     results = []
     for v in spec.variants:
         cfg = variant_flow(spec, path, v.name, quick, tiny, list(extra or []))
         run_dir = out / "runs" / _slug(v.name)
-        if (run_dir / "metrics.jsonl").exists():
-            (run_dir / "metrics.jsonl").unlink()  # a fresh measurement, never appended to an old one
-        console.print(f"[bold]{spec.figure} — {v.name}[/bold] ({' '.join(v.set) or 'base'}): {cfg.trainer.steps} steps, "
-                      f"time_scale {cfg.emulation.time_scale} [yellow](EMULATED hardware)[/yellow]")
         t0 = time.monotonic()
-        _run_blocking(cfg, run_dir)
+        if report_only:
+            if not (run_dir / "metrics.jsonl").exists():
+                raise FlowError(f"--report-only: no run of variant {v.name!r} under {run_dir} (run the ablation first, with the same --out)")
+        else:
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh measurement, never appended to an old one
+            console.print(f"[bold]{spec.figure} — {v.name}[/bold] ({' '.join(v.set) or 'base'}): {cfg.trainer.steps} steps, "
+                          f"time_scale {cfg.emulation.time_scale} [yellow](EMULATED hardware)[/yellow]")
+            _run_blocking(cfg, run_dir)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         measured = summarise(rows, cfg.emulation.time_scale, spec.warmup_steps)
         ideal = ideal_of(cfg)
         simulated = simulated_of(cfg, spec.warmup_steps)
         results.append({"variant": v.name, "set": v.set, "measured": measured, "ideal": ideal, "simulated": simulated,
                         "cost": cost_of(cfg, measured, ideal),
-                        "wall_s": time.monotonic() - t0,
+                        "wall_s": before.get(v.name, {}).get("wall_s") if report_only else time.monotonic() - t0,
                         "time_scale": cfg.emulation.time_scale, "mode": cfg.rollout.mode, "alpha": cfg.rollout.alpha, "level": cfg.rollout.level})
         label, unit, _ = METRICS[spec.metric]
         m, i = measured[spec.metric], ideal.get(spec.metric)

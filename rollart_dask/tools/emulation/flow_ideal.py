@@ -28,7 +28,7 @@ Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -169,7 +169,7 @@ def _generation_latency(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> 
 
 
 def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samples: int, seed: int, batch_groups: int,
-                      retries: int = 0, timeout_s: float = float("inf")) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                      retries: int = 0, timeout_s: float = float("inf"), batches: list[list[int]] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per sample (a batch whose groups' tasks are drawn by weight, as the launcher does):
     trajectory-level makespan (slowest trajectory), batch-level makespan (a barrier before every
     generate), every group's latency — its slowest member's, as GRPO needs the whole group —, and
@@ -184,7 +184,7 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
                for t in loads]
     for s in range(samples):
         resets, turns, rewards, groups = [], [], [], []
-        counts = rng.multinomial(batch_groups, [t.share for t in loads])
+        counts = batches[s % len(batches)] if batches else rng.multinomial(batch_groups, [t.share for t in loads])
         for t, k, pool in zip(loads, counts, fastest):
             if not k:
                 continue
@@ -234,16 +234,35 @@ def eager_bound(latencies: np.ndarray, alpha: int) -> float:
     return hi
 
 
-def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0) -> Ideal:
+def launched_batches(cfg) -> list[list[int]]:
+    """Groups per task (in ``task_loads`` order) of each batch a run of ``cfg`` launches in turn — the launcher's own
+    draws (control/launcher.draw_group, its generator seeded alike): the task sequence the measured run met."""
+    from rollart_dask.control.launcher import draw_group
+
+    rng, tasks = random.Random(cfg.seed), {t.name: t for t in cfg.tasks}
+    names = [t.name for t in cfg.tasks]
+    B = cfg.rollout.batch_groups
+    seq = [draw_group(rng, tasks, cfg.eval.start_seed)[0] for _ in range(cfg.trainer.steps * B)]
+    return [[seq[k * B:(k + 1) * B].count(n) for n in names] for k in range(cfg.trainer.steps)]
+
+
+def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0,
+               batches: list[list[int]] | None = None) -> Ideal:
     """Ideal step time (emulated seconds) of an emulated flow on ``engine_workers`` (pool → engine
-    workers). ``reward_slots``: concurrent local reward calls (None = serverless: unbounded)."""
+    workers). ``reward_slots``: concurrent local reward calls (None = serverless: unbounded). ``batches``: the task
+    counts of the batches to sample (``launched_batches``: a run's own), cycled; None draws them from the weights."""
     r = cfg.rollout
     model = MODELS[cfg.emulation.model]
     pools = _pools(cfg, engine_workers)
     loads = task_loads(cfg)
+    if batches:  # the run's own mix: every per-step load (throughput, train, reward) at the shares its batches had
+        total = sum(map(sum, batches))
+        shares = [sum(b[i] for b in batches) / total for i in range(len(loads))]
+        loads = [replace(t, share=sh, n=r.batch_groups * sh * t.group_size) for t, sh in zip(loads, shares)]
     t_thr = _throughput_bound(loads, pools, model)
     timeout_s = r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")  # in emulated seconds
-    traj_max, wave, every, reset_wave, traj_mean, group_task = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s)
+    traj_max, wave, every, reset_wave, traj_mean, group_task = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s,
+                                                                                        batches)
     lat_mean = float(every.mean())
     lat_max = float((wave if r.level == "batch" else traj_max).mean())
     n_total = sum(t.n for t in loads)
