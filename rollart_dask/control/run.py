@@ -240,7 +240,8 @@ class Run:
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
             # the batch goes straight to the trainer's worker, not through the scheduler inside the task's graph (a batch of
             # 2,048 samples is ~45 MiB: the scheduler stalled forwarding it, and Dask warned every step)
-            [batch] = await s.d.client.scatter([samples], workers=[s.trainer], direct=True, hash=False)
+            key = f"train-batch-{uuid.uuid4().hex}"  # named by its stage, like every key of the run
+            batch = (await s.d.client.scatter({key: samples}, workers=[s.trainer], direct=True))[key]
             fut = s.d.submit_one("train", tasks.trainer_step, batch, s.weights.publishing, pool="TRAIN", worker=s.trainer)
         self._training = (fut, rec)
         if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
