@@ -178,6 +178,12 @@ class TrainerConfig(Strict):
     lr: float = Field(3e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     clip: float = Field(0.2, gt=0, description="PPO ratio clip ε")
+    correction: Literal["none", "tis", "decoupled"] = Field("none", description="off-policy correction: none (PPO ratio against the "
+                                                          "behaviour policy); tis (truncated importance sampling: ratio against the "
+                                                          "trainer's own weights before the update, behaviour weight truncated at is_cap); "
+                                                          "decoupled (decoupled PPO: the same ratio, tokens whose weight passes is_cap dropped)")
+    is_cap: float = Field(2.0, gt=1, description="the behaviour weight's cap of trainer.correction (tis: truncate; decoupled: drop)")
+    is_level: Literal["token", "sequence"] = Field("token", description="tis: a weight per token, or one per sample (their product)")
     entropy_coef: float = Field(0.05, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per micro-batch (samples sorted by length; gradients accumulate)")

@@ -1,6 +1,7 @@
 """Policy losses on padded token tensors (pure torch), chosen by ``trainer.loss``.
 
-A loss is ``fn(logp, old_logp, advantages, mask, clip, entropy, entropy_coef) -> (loss, stats)``:
+A loss is ``fn(logp, old_logp, advantages, mask, clip, entropy, entropy_coef, is_weights) -> (loss, stats)``
+(``is_weights``: the off-policy correction's per-token behaviour weights, or None; ``off_policy`` below):
 the trainer calls the configured one with those keywords on every micro-batch.
 """
 from __future__ import annotations
@@ -31,10 +32,11 @@ def masked_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, all
 
 
 @register_loss("ppo_clip")
-def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0):
+def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0, is_weights=None):
     """Token-level PPO-clip loss (GRPO): every response token of the batch weighs the same.
 
-    logp, old_logp, mask: [N, T]; advantages: [N] (one per sample, broadcast over its tokens).
+    logp, old_logp, mask: [N, T]; advantages: [N] (one per sample, broadcast over its tokens); is_weights [N, T]
+    (an off-policy correction's behaviour weights, ``off_policy``) multiply each token's clipped surrogate.
     Returns (loss, stats).
     """
     mask = mask.float()
@@ -42,6 +44,8 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, e
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(-1)
     surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
+    if is_weights is not None:
+        surr = surr * is_weights
     pg_loss = -(surr * mask).sum() / ntok
     loss = pg_loss
     stats = {"pg_loss": pg_loss.item()}
@@ -54,3 +58,36 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, e
         stats["ratio_mean"] = ((ratio * mask).sum() / ntok).item()
         stats["approx_kl"] = (((ratio - 1) - (logp - old_logp)) * mask).sum().item() / ntok.item()
     return loss, stats
+
+
+def off_policy(correction: str, logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float,
+               level: str = "token") -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict]:
+    """What the PPO loss compares against, per ``trainer.correction``: returns (old_logp, is_weights, mask, stats).
+
+    ``none``: the behaviour policy's log-probs (the engines' at generation), the PPO ratio π_θ / π_behaviour.
+    Otherwise the ratio is against the proximal policy — the trainer's own weights before this update (``logp``
+    detached: one optimizer step per batch) — and each token carries the behaviour weight w = π_prox / π_behaviour:
+    ``tis`` truncates it at ``cap`` (``level`` token: per token; sequence: the product over the response, one weight
+    per sample); ``decoupled`` (decoupled PPO) keeps it and drops the tokens whose w exceeds ``cap``. On on-policy
+    data w = 1. Stats: mean w before truncation, its 99th percentile, the share of tokens truncated or dropped."""
+    if correction == "none":
+        return behaviour_logp, None, mask, {}
+    prox = logp.detach()
+    m = mask.bool()
+    log_w = (prox - behaviour_logp).masked_fill(~m, 0.0)
+    if correction == "tis" and level == "sequence":
+        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
+    w = torch.exp(log_w.clamp(max=30.0))  # (a weight beyond e^30 is truncated or dropped all the same)
+    over = (w > cap) & m
+    if correction == "tis":
+        weights, kept = w.clamp(max=cap), m
+    elif correction == "decoupled":
+        weights, kept = w, m & ~over
+    else:
+        raise ValueError(f"trainer.correction: {correction!r} is not one of none, tis, decoupled")
+    n = m.sum().clamp(min=1)
+    ws = w[m]
+    stats = {"is_weight_mean": float(ws.mean()) if ws.numel() else 1.0,
+             "is_weight_p99": float(ws.quantile(0.99)) if ws.numel() else 1.0,
+             ("is_truncated" if correction == "tis" else "is_dropped"): float(over.sum() / n)}
+    return prox, weights * kept, kept, stats

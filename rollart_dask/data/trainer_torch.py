@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rollart_dask.algo.losses import LOSSES, masked_logprobs_and_entropy
+from rollart_dask.algo.losses import LOSSES, masked_logprobs_and_entropy, off_policy
 from rollart_dask.data.backends import set_torch_threads
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 class TorchTrainer:
     version: int  # the Trainer contract's attribute (data/contracts.py)
+    correction, is_cap, is_level = "none", 2.0, "token"  # trainer.correction (from_config sets them; algo/losses.off_policy)
 
     def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
@@ -47,9 +48,11 @@ class TorchTrainer:
     def from_config(cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0,
                     emulation: EmulationConfig | None = None) -> TorchTrainer:
         set_torch_threads()
-        return cls(model_dir, lr=cfg.lr, weight_decay=cfg.weight_decay, clip=cfg.clip, entropy_coef=cfg.entropy_coef,
-                   max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
-                   temperature=temperature, seed=seed, **cls._backend_options(cfg))
+        trainer = cls(model_dir, lr=cfg.lr, weight_decay=cfg.weight_decay, clip=cfg.clip, entropy_coef=cfg.entropy_coef,
+                      max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
+                      temperature=temperature, seed=seed, **cls._backend_options(cfg))
+        trainer.correction, trainer.is_cap, trainer.is_level = cfg.correction, cfg.is_cap, cfg.is_level
+        return trainer
 
     @staticmethod
     def _backend_options(cfg: TrainerConfig) -> dict:
@@ -104,8 +107,10 @@ class TorchTrainer:
     def train_step(self, samples: list[dict]) -> dict:
         """One optimizer update with the configured loss (trainer.loss); the policy version goes up by one."""
         def loss_fn(logp, entropy, old, mask, adv):
-            return self.policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, clip=self.clip, entropy=entropy,
-                                    entropy_coef=self.entropy_coef)
+            old, weights, mask, is_stats = off_policy(self.correction, logp, old, mask, self.is_cap, self.is_level)
+            loss, stats = self.policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, clip=self.clip, entropy=entropy,
+                                           entropy_coef=self.entropy_coef, is_weights=weights)
+            return loss, {**stats, **is_stats}
 
         stats = self._update(samples, loss_fn)
         self.version += 1
