@@ -100,3 +100,18 @@ def test_a_policy_that_can_never_train_is_an_error_not_a_hang():
     cfg = flow([task("t", reset_fail=1.0)], rollout={"mode": "rollart", "alpha": 1, "max_relaunch": 1})
     with pytest.raises(RuntimeError, match="made no step"):
         run(cfg, steps=2)
+
+
+def test_an_emulated_engine_pulls_a_version_as_the_store_and_the_pull_mode_say(tmp_path):
+    """The engine's side of the emulated transfer: 32 generation GPUs (4 nodes), 8 training GPUs (1 node), 25 GB/s —
+    through the store 2 × bytes / link whatever the nodes; pushed at update, 4 copies through the one training link."""
+    from rollart_dask.data.weights.store import WeightStore
+    from rollart_dask.tools.emulation.engine import EmulatedInstances
+
+    for pull, copies in (("background", 2), ("at_update", 4)):
+        cfg = flow([task("t")], emulation={"weight_link_gbps": 25.0, "pools": {"H800": {"gpu": "H800", "gpus": 16}, "H20": {"gpu": "H20", "gpus": 16}}},
+                   weights={"pull": pull})
+        spec = {**WeightStore(cfg.weights, None, "trainer", tmp_path).spec(), "engine_pools": ["H20", "H800"]}
+        engine = EmulatedInstances.from_config(cfg.engine, model_dir="", pool="H800", emulation=cfg.emulation)
+        assert spec["pull"] == pull
+        assert engine.emulated_pull_s(spec) == pytest.approx(copies * MODELS["Qwen3-8B"].weight_bytes / 25e9 * 0.05)

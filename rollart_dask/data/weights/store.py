@@ -11,7 +11,7 @@ waiting for it (from ``max(t0, the loop started waiting)`` to ``done``; the loop
 ``done`` is not transfer). ``hidden_s = transfer_s − waited_s`` is the part done before the loop needed it.
 
 ``weights.pull: at_update`` is the synchronous baseline: the stage tasks are sent only when the loop asks for
-the version, with generation suspended (Run.suspend_rollout), so all of the transfer is waited for.
+the version, with generation suspended (Run.suspend), so all of the transfer is waited for.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class WeightStore:
 
     def spec(self) -> dict:
         """What the workers' side needs (plain data, sent with each task)."""
-        spec = {"store": self.kind, "bucket_mb": self.cfg.bucket_mb, "keep_versions": self.cfg.keep_versions, "prefix": self.prefix}
+        spec = {"store": self.kind, "bucket_mb": self.cfg.bucket_mb, "keep_versions": self.cfg.keep_versions, "prefix": self.prefix,
+                "pull": self.cfg.pull}
         if self.kind == "mooncake":
             mc = self.cfg.mooncake
             spec.update(master=self.master.master if self.master else mc.master,
