@@ -210,9 +210,10 @@ def test_configured_loss_reaches_the_trainer(model_dir, monkeypatch):
         calls.append(kw)
         return ppo_clip_loss(**kw)
 
-    assert list(inspect.signature(ppo_clip_loss).parameters) == ["logp", "old_logp", "advantages", "mask", "clip", "entropy", "entropy_coef"]
+    assert list(inspect.signature(ppo_clip_loss).parameters) == ["logp", "old_logp", "advantages", "mask", "clip", "entropy", "entropy_coef",
+                                                                  "is_weights"]
     monkeypatch.setitem(LOSSES._entries, "ppo_clip", spy)
-    cfg = load_flow(data=flow_dict(**{"trainer.clip": 0.15, "trainer.entropy_coef": 0.01}))
+    cfg = load_flow(data=flow_dict(**{"trainer.clip": 0.15, "trainer.entropy_coef": 0.01, "trainer.correction": "tis"}))
     threads = torch.get_num_threads()
     try:
         trainer = plugins.trainer_plugin(cfg, str(model_dir)).build()
@@ -221,3 +222,4 @@ def test_configured_loss_reaches_the_trainer(model_dir, monkeypatch):
     metrics = trainer.train_step([{"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-1.0, -1.0], "advantage": 1.0}])
     assert metrics["version"] == 1 and len(calls) == 1
     assert (calls[0]["clip"], calls[0]["entropy_coef"]) == (0.15, 0.01)
+    assert calls[0]["is_weights"] is not None and "is_truncated" in metrics  # trainer.correction reached it too
