@@ -7,9 +7,18 @@ from pathlib import Path
 from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
 
 
+def _is_value(metric: str) -> bool:
+    """Utilisations are reported as values, not as speed-ups against a baseline."""
+    return metric.startswith("reward_")
+
+
+def _mix(shares: dict | None) -> str:
+    return " ".join(f"{k}:{v:.2f}" for k, v in sorted((shares or {}).items()))
+
+
 def _ratio(metric: str, value: float | None, base: float | None) -> float | None:
     """Speed-up against the baseline (>1 = better), or the value itself for utilisation."""
-    if metric.startswith("reward_"):  # utilisations: the value itself
+    if _is_value(metric):
         return value
     if not value or not base:
         return None
@@ -39,10 +48,11 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
         row["paper_vs_baseline"] = spec.paper.get(r["variant"])
         row["aborted"] = m.get("aborted")
         row["groups_dropped"] = m.get("groups_dropped")
-        row["trained_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((m.get("trained_mix") or {}).items()))
-        row["simulated_held_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted(((r.get("simulated") or {}).get("held_mix") or {}).items()))
-        row["eager_trainable_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted((r["ideal"].get("terms", {}).get("eager_trainable_mix") or {}).items()))
-        row["simulated_mix"] = " ".join(f"{k}:{v:.2f}" for k, v in sorted(((r.get("simulated") or {}).get("trained_mix") or {}).items()))
+        simulated = r.get("simulated") or {}
+        row["trained_mix"] = _mix(m.get("trained_mix"))
+        row["simulated_held_mix"] = _mix(simulated.get("held_mix"))
+        row["eager_trainable_mix"] = _mix(r["ideal"].get("terms", {}).get("eager_trainable_mix"))
+        row["simulated_mix"] = _mix(simulated.get("trained_mix"))
         cost = r.get("cost") or {}
         row["cost_per_step"] = cost.get("measured", {}).get("per_step")
         row["cost_per_trajectory"] = cost.get("measured", {}).get("per_trajectory")
@@ -71,7 +81,7 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
         w.writeheader()
         w.writerows(rows)
     label, unit, _ = METRICS[spec.metric]
-    ratio = "value" if spec.metric.startswith("reward_") else "speed-up vs baseline"
+    ratio = "value" if _is_value(spec.metric) else "speed-up vs baseline"
     lines = [f"### {spec.figure}: {spec.title} (EMULATED hardware)", "",
              f"Metric: {label} ({unit}), measured over {rows[0]['steps_measured']} steps after {spec.warmup_steps} warm-up steps, "
              f"time scale {rows[0]['time_scale']}.", "",
@@ -134,7 +144,7 @@ def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
     a.set_ylabel(f"{label} ({unit})")
     a.legend()
     a.set_title(f"{spec.figure}: {label}")
-    ratio = "value" if spec.metric.startswith("reward_") else "speed-up vs baseline"
+    ratio = "value" if _is_value(spec.metric) else "speed-up vs baseline"
     b.bar([i - 0.27 for i in x], [r["ours_vs_baseline"] or 0 for r in rows], 0.27, label="ours")
     b.bar(list(x), [r["ideal_vs_baseline"] or 0 for r in rows], 0.27, label="ideal", color="lightgray", edgecolor="gray")
     b.bar([i + 0.27 for i in x], [r["paper_vs_baseline"] or 0 for r in rows], 0.27, label="paper", color="tab:orange")

@@ -121,6 +121,13 @@ def _pools(cfg, engine_workers: dict[str, int]) -> dict[str, Pool]:
             for p, k in engine_workers.items() if k and p in e.pools and e.pools[p].gpus}
 
 
+def transfer_seconds(cfg, engine_workers: dict[str, int]) -> float:
+    """The emulated cross-cluster transfer of one version (``weights.pull``'s way) to the flow's engine workers."""
+    e = cfg.emulation
+    generation_gpus = sum(e.pools[p].gpus * k for p, k in engine_workers.items() if p in e.pools)
+    return weight_transfer_seconds(MODELS[e.model], generation_gpus, e.trainer.gpus, e.weight_link_gbps, cfg.weights.pull)
+
+
 def _throughput_bound(loads: list[TaskLoad], pools: dict[str, Pool], model) -> float:
     """Smallest T such that every pool's instance-seconds fit; auto tasks split by comparative advantage."""
     cost = {(t.name, p): per_trajectory_seconds(t.workload, model, pools[p]) for t in loads for p in t.pools if p in pools}
@@ -274,8 +281,7 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
     update = max(weight_load_seconds(model, p.gpu, p.tp) for p in pools.values())
     if cfg.weights.pull == "at_update" or r.alpha == 0:  # the cross-cluster transfer inside the pause (or with nothing to hide
         # behind: synchronous training waits for it either way); background pulls may hide behind rollout: not counted
-        update += weight_transfer_seconds(model, sum(e.pools[p].gpus * k for p, k in engine_workers.items() if p in e.pools),
-                                          e.trainer.gpus, e.weight_link_gbps, cfg.weights.pull)
+        update += transfer_seconds(cfg, engine_workers)
     alpha = r.alpha
     eager_mix, trainable = None, None  # eager admission: the mix it can train at best, and the share of groups trainable
     per_sample = np.maximum(np.maximum(wave if r.level == "batch" else traj_max, t_thr), reward_bound)  # one batch's makespan

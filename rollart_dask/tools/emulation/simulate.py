@@ -34,8 +34,8 @@ from envs.synthetic import draw_length
 from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
 from rollart_dask.control.launcher import admission_limit, draw_group
-from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds, weight_transfer_seconds
+from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads, transfer_seconds
+from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds
 from rollart_dask.tools.emulation.ideal import per_trajectory_seconds
 from rollart_dask.tools.emulation.sharing import Barrier, SharedPool
 from rollart_dask.types import Trajectory
@@ -69,9 +69,7 @@ class Simulation:
         self.task_rng = random.Random(cfg.seed)  # the launcher's: every seed launches the measured run's task sequence
         self.timeout_s = self.r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")
         self.update_s = max(weight_load_seconds(self.model, p.gpu, p.tp) for p in pools.values())
-        e, self.pull = cfg.emulation, cfg.weights.pull
-        gen_gpus = sum(e.pools[p].gpus * k for p, k in engine_workers.items() if p in e.pools)
-        self.transfer_s = weight_transfer_seconds(self.model, gen_gpus, e.trainer.gpus, e.weight_link_gbps, self.pull)
+        self.pull, self.transfer_s = cfg.weights.pull, transfer_seconds(cfg, engine_workers)
         self.staged_at = 0.0  # pull=background: when the engines hold the latest published version
         self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch)
         self.now, self._events, self._seq = 0.0, [], itertools.count()
