@@ -138,6 +138,13 @@ class RolloutConfig(Strict):
     reward_timeout_s: float = Field(30, gt=0, description="per reward call")
     retries: int = Field(2, ge=0, description="retry budget per env/reward call")
     max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
+    fairness: Literal["none", "task"] = Field("none", description="none: a batch is the first groups to complete (fast tasks train "
+                                              "more, slow ones are aborted stale and dropped). task: each batch keeps the launched task "
+                                              "mix (a per-task quota it waits for), stale relaunches never drop a group; the shift is "
+                                              "reported every step (control/fairness.py)")
+    partial: Literal["restart", "continue"] = Field("restart", description="a turn whose generation Suspend interrupted: restart "
+                                                    "(generated again from the turn's prompt under the new weights, the paper's) or "
+                                                    "continue (from its generated prefix; each token keeps the version that made it)")
     pd: PDConfig | None = Field(None, description="prefill/decode disaggregation, e.g. {prefill: H800, decode: H20}: every generate call is "
                                                   "prefilled on the prefill pool and decoded on the decode pool (the tasks' affinity is "
                                                   "then not used for routing); None = off. Engines: torch (real), emulated (modelled)")

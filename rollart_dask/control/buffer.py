@@ -12,12 +12,15 @@ Rules (DESIGN.md §6):
   dropped and counted).
 - Staleness: with the policy at version n, a member started by version < n - alpha is
   aborted (running) or evicted (finished), counted, and replaced.
+- Fairness (``fairness="task"``, control/fairness.py): batches are filled by a per-task quota that keeps
+  the admitted mix, and stale replacements are not charged to ``max_relaunch``.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
+from rollart_dask.control.fairness import FAIRNESS, mix_shift, quota
 from rollart_dask.types import Trajectory
 
 RUNNING, KEPT, CANCELLED, FAILED, STALE = "running", "kept", "cancelled", "failed", "stale"
@@ -53,13 +56,18 @@ class Orders:
 
 
 class SampleBuffer:
-    def __init__(self, group_size: int, redundancy: int = 0, alpha: int = 1, max_relaunch: int = 3):
-        self.G, self.r, self.alpha, self.max_relaunch = group_size, redundancy, alpha, max_relaunch
+    def __init__(self, group_size: int, redundancy: int = 0, alpha: int = 1, max_relaunch: int = 3, fairness: str = "none"):
+        if fairness not in FAIRNESS:
+            raise ValueError(f"fairness {fairness!r} is not one of {', '.join(FAIRNESS)}")
+        self.G, self.r, self.alpha, self.max_relaunch, self.fairness = group_size, redundancy, alpha, max_relaunch, fairness
         self.groups: dict[str, Group] = {}
         self.complete: list[str] = []  # group ids with G kept members, in completion order
         self.counts: Counter = Counter()
         self.opened = 0
         self.dropped = 0
+        self.launched: Counter = Counter()  # task → groups opened
+        self.dropped_of: Counter = Counter()  # task → groups dropped
+        self.trained: Counter = Counter()  # task → groups taken for training
 
     # -- events ---------------------------------------------------------------------------
     def open_group(self, group_id: str, task: str, seed: int, size: int | None = None) -> Orders:
@@ -67,6 +75,7 @@ class SampleBuffer:
         g = Group(group_id, task, seed, size or self.G)
         self.groups[group_id] = g
         self.opened += 1
+        self.launched[task] += 1
         return Orders(launch=[self._new_member(g) for _ in range(g.size + self.r)])
 
     def started(self, traj_id: str, version: int) -> None:
@@ -118,7 +127,7 @@ class SampleBuffer:
                 g.members[t] = STALE
             if g.id in self.complete and len(g.kept) < g.size:
                 self.complete.remove(g.id)
-            orders.extend(self._refill(g))
+            orders.extend(self._refill(g, stale=True))
         return orders
 
     # -- batches --------------------------------------------------------------------------
@@ -126,13 +135,33 @@ class SampleBuffer:
         return len(self.complete)
 
     def take(self, n_groups: int) -> list[Group] | None:
-        """Pop the first n complete groups (call enforce_staleness first), or None if fewer."""
-        if len(self.complete) < n_groups:
+        """Pop n complete groups (call enforce_staleness first), or None if there are not yet: the first n to
+        complete, or with fairness the first complete ones of each task's quota (control/fairness.py)."""
+        ids = self._fair_batch(n_groups) if self.fairness == "task" else self.complete[:n_groups]
+        if ids is None or len(ids) < n_groups:
             return None
-        ids, self.complete = self.complete[:n_groups], self.complete[n_groups:]
+        chosen = set(ids)
+        self.complete = [i for i in self.complete if i not in chosen]
         out = [self.groups.pop(i) for i in ids]
         self.counts["groups_trained"] += len(out)
+        self.trained.update(g.task for g in out)
         return out
+
+    def _fair_batch(self, n: int) -> list[str] | None:
+        q = quota(self.launched - self.dropped_of, self.trained, n)
+        if q is None:
+            return None
+        ids = []
+        for task, k in q.items():
+            mine = [i for i in self.complete if self.groups[i].task == task][:k]
+            if len(mine) < k:
+                return None  # the quota waits for this task's groups
+            ids += mine
+        return sorted(ids, key=self.complete.index)
+
+    def mix(self) -> dict:
+        """Launched vs trained task shares since the buffer began, and their largest gap (fairness.mix_shift)."""
+        return mix_shift(self.launched, self.trained)
 
     @property
     def admitted(self) -> int:
@@ -152,10 +181,13 @@ class SampleBuffer:
         g.members[tid] = RUNNING
         return g.id, tid
 
-    def _refill(self, g: Group) -> Orders:
+    def _refill(self, g: Group, stale: bool = False) -> Orders:
         need = g.size - len(g.kept) - len(g.running())
         if need <= 0:
             return Orders()
+        if stale and self.fairness == "task":  # staleness never drops a group's task from training: not charged
+            self.counts["relaunched_stale"] += need
+            return Orders(launch=[self._new_member(g) for _ in range(need)])
         if g.relaunches + need > self.max_relaunch:
             return self._drop(g)
         g.relaunches += need
@@ -170,6 +202,7 @@ class SampleBuffer:
         if g.id in self.complete:
             self.complete.remove(g.id)
         self.dropped += 1
+        self.dropped_of[g.task] += 1
         self.counts["groups_dropped"] += 1
         return orders
 

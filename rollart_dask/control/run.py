@@ -52,7 +52,7 @@ class Run:
         self.from_checkpoint, self.start_endpoint = resume, start_endpoint
         r = cfg.rollout
         self.B, self.alpha = r.batch_groups, r.alpha
-        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch)
+        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness)
         self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
         self.counts: Counter = Counter()
         self.metrics = MetricsWriter(out_dir, cfg.observe.tensorboard)

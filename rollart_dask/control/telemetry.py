@@ -125,7 +125,7 @@ class Telemetry:
         if run.cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
             row["pd"] = pd_metrics(self.engine_stats)
         row.update(pool_busy=busy, tokens_per_s=tokens / max(dt, 1e-9), elapsed_s=now - run.t_start, buffer=dict(run.buffer.counts),
-                   futures=s.d.futures, calls=s.d.calls, reissued=s.proxy.reissued, stage_latency=s.d.drain_stats(),
+                   futures=s.d.futures, calls=s.d.calls, reissued=s.proxy.reissued, mix=run.buffer.mix(), stage_latency=s.d.drain_stats(),
                    trajectory_s=run.launcher.drain_trajectory_s(), service_s=dict(self.service_s))
         self._t_prev = now
         return row

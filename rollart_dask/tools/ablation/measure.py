@@ -46,6 +46,7 @@ def summarise(rows: list[dict], scale: float, warmup: int) -> dict:
             "step_s_min": min(gaps), "step_s_max": max(gaps), "pool_busy": busy, "trained_mix": _mix(window[1:]),
             "aborted": sum(v for k, v in steps[-1]["buffer"].items() if "abort" in k or "stale" in k or "redundant" in k),
             "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0), "call_overhead_ms": _overhead(window[1:]),
+            "launched_mix": steps[-1].get("mix", {}).get("launched"), "mix_shift_pp": steps[-1].get("mix", {}).get("shift_pp"),
             "call_service_ms": _overhead(window[1:], inside_only=True)}
 
 
@@ -103,7 +104,8 @@ def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
             "throughput": statistics.mean(r.throughput for r in runs), "rollout_s": statistics.mean(rollout) if rollout else None,
             "trained_mix": mix, "held_mix": held, "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k)
                                                            for r in runs),
-            "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs), "seeds": seeds}
+            "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs), "seeds": seeds,
+            "mix_shift_pp": statistics.mean(r.mix_shift_pp for r in runs)}
 
 
 def cost_of(cfg: FlowConfig, measured: dict, ideal: dict) -> dict:

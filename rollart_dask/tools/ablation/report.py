@@ -50,6 +50,9 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
         row["groups_dropped"] = m.get("groups_dropped")
         simulated = r.get("simulated") or {}
         row["trained_mix"] = _mix(m.get("trained_mix"))
+        row["launched_mix"] = _mix(m.get("launched_mix"))
+        row["mix_shift_pp"] = m.get("mix_shift_pp")
+        row["simulated_mix_shift_pp"] = simulated.get("mix_shift_pp")
         row["simulated_held_mix"] = _mix(simulated.get("held_mix"))
         row["eager_trainable_mix"] = _mix(r["ideal"].get("terms", {}).get("eager_trainable_mix"))
         row["simulated_mix"] = _mix(simulated.get("trained_mix"))
@@ -87,14 +90,18 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
              f"time scale {rows[0]['time_scale']}.", "",
              f"| variant | ours | simulated | ideal | ours / ideal | ours / simulated (runtime) | simulated / ideal (policy) "
              f"| ours, {ratio} | ideal, {ratio} | paper, {ratio} | baseline | ideal bound "
-             f"| aborted / groups dropped | trained task mix (simulated) | cost per step / per trajectory (ideal) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| aborted / groups dropped | trained task mix (simulated) | launched mix | mix shift, pp (simulated) "
+             f"| cost per step / per trajectory (ideal) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['simulated'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} "
                      f"| {_fmt(r['fraction_of_simulated'])} | {_fmt(r['simulated_fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
                      f"| {_fmt(r['ideal_vs_baseline'])} | {_fmt(r['paper_vs_baseline'])} | {r['baseline']} | {r['binding']} "
                      f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} ({r['simulated_mix']}) "
+                     f"| {r['launched_mix'] or '—'} | {_fmt(r['mix_shift_pp'])} ({_fmt(r['simulated_mix_shift_pp'])}) "
                      f"| {_fmt(r['cost_per_step'])} / {_fmt(r['cost_per_trajectory'])} ({_fmt(r['ideal_cost_per_trajectory'])}) |")
+    lines += ["", "Mix shift: the largest gap, in percentage points, between a task's share of the groups launched and of "
+              "those trained, over the whole run (warm-up included; rollout.fairness=task keeps it within about one group)."]
     lines += ["", "Simulated: the same policy (admission, staleness bound, redundancy, protocol; the real SampleBuffer) in a "
               "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/tools/emulation/"
               "simulate.py), mean of its seeds. Ours / simulated is what the runtime keeps of what its policy can reach; "

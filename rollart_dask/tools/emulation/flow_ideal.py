@@ -17,7 +17,8 @@ Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
   group launched at a uniform point u of an interval S is trainable only if it finishes within
   (α+1−u)·S, and an aborted one holds its admission until then, so S ≥ E[occupancy] / ((α+1)·P(trainable))
   (Little's law over trained groups). It also gives the mix eager can train at best: the
-  trainable groups' tasks.
+  trainable groups' tasks. With ``rollout.fairness: task`` every task trains at its launched share:
+  each group holds admission for its latency at the launched mix (stale members relaunched).
 - Reward capacity: serverless is unbounded; local rewards run ``slots`` at a time (the REWARD
   worker's task threads), so N × E[reward] / slots bounds the step from below.
 - Env failures and hangs cost what they take until they fail, resets retried as the runtime does
@@ -297,12 +298,15 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
         if r.admission == "safe":  # no group is ever aborted: the slowest must fit the bound
             cands["group_latency/(alpha+1)"] = lat_mean / (alpha + 1)
             cands["staleness:slowest_group/alpha"] = float(traj_max.mean()) / alpha
+        elif r.fairness == "task":  # fair eager: every task at its launched share, so every group holds admission for its
+            # latency (Little's law at the launched mix); a member that outlives the bound is relaunched, not waited for
+            cands["fair:group_latency/(alpha+1)"] = lat_mean / (alpha + 1)
         else:  # eager: what outlives its window is aborted, having held its admission until then
             cands["eager:trainable_groups"] = eager_bound(every, alpha)
         binding = max(cands, key=cands.get)
         step_s = cands[binding]
         spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
-        if r.admission == "eager":  # what can be trained at the bound's step time: the mix eager admission can reach at best
+        if r.admission == "eager" and r.fairness == "none":  # what can be trained at the bound's step time: the mix eager admission can reach at best
             trainable = eager_window(every, alpha, step_s)[1]
             eager_mix = {str(k): float(trainable[group_task == k].sum() / trainable.sum()) for k in sorted(set(group_task))}
     terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,

@@ -52,6 +52,7 @@ class SimResult:
     trained_mix: dict[str, float]
     counts: dict = field(default_factory=dict)  # the buffer's counts (aborted_stale, evicted_stale, groups_dropped, …)
     held_mix: dict[str, float] = field(default_factory=dict)  # time-averaged share of the open groups per task
+    mix_shift_pp: float = 0.0  # the largest gap between a task's launched and trained shares, over the whole run
     train_done_at: list[float] = field(default_factory=list)
 
 
@@ -71,7 +72,8 @@ class Simulation:
         self.update_s = max(weight_load_seconds(self.model, p.gpu, p.tp) for p in pools.values())
         self.pull, self.transfer_s = cfg.weights.pull, transfer_seconds(cfg, engine_workers)
         self.staged_at = 0.0  # pull=background: when the engines hold the latest published version
-        self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch)
+        self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch,
+                                   self.r.fairness)
         self.now, self._events, self._seq = 0.0, [], itertools.count()
         self.procs: dict[str, object] = {}  # trajectory → its generator
         self.where: dict[str, str] = {}  # trajectory → the pool it generates on
@@ -324,7 +326,7 @@ class Simulation:
         total, held = sum(self.trained_groups.values()) or 1, sum(self.held.values()) or 1
         return SimResult(step_s, n / step_s, float(np.mean(self.rollout_s)) if self.rollout_s else None,
                          {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts),
-                         {k: v / held for k, v in sorted(self.held.items())}, list(self.train_done_at))
+                         {k: v / held for k, v in sorted(self.held.items())}, self.buffer.mix()["shift_pp"], list(self.train_done_at))
 
 
 def simulate(cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2,
