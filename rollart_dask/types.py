@@ -14,9 +14,10 @@ class Turn:
     response_ids: list[int]
     logprobs: list[float]  # behaviour log-probs, one per response token
     allowed_ids: list[list[int]] | None  # per response token: ids decoding was restricted to (None = full vocab)
-    version: int  # policy version of the engine that produced this turn
+    version: int  # policy version of the engine that produced this turn (its last token, when continued)
     action: str = ""
     env_reward: float = 0.0
+    token_versions: list[int] | None = None  # per response token, when the turn was continued across versions (else all `version`)
 
 
 @dataclass
@@ -57,3 +58,4 @@ class Completion:
     text: str
     finish_reason: str  # "stop" | "length" | "abort"
     version: int
+    token_versions: list[int] | None = None  # per token, when continued from a prefix made at other versions

@@ -126,7 +126,9 @@ def record_trained_batches(run, into: list | None = None) -> list:
     def recording(n_groups):
         groups = take(n_groups)
         if groups is not None:
-            batches.append([[turn.version for turn in traj.turns] for g in groups for traj in g.kept])
+            # per turn its version; a turn continued across versions (rollout.partial=continue): its first and last token's
+            batches.append([[v for turn in traj.turns for v in (turn.token_versions[::len(turn.token_versions) - 1 or 1]
+                                                              if turn.token_versions else [turn.version])] for g in groups for traj in g.kept])
         return groups
 
     run.buffer.take = recording

@@ -21,7 +21,8 @@ def fake_run(n_steps=3, t_start=100.0):
     rows = [{"kind": "eval", "step": 0, "version": 0}]
     for i in range(1, n_steps + 1):
         rows.append({"kind": "step", "step": i, "version": i, "elapsed_s": 10.0 * i, "pool_busy": {"H800": 0.5, "CPU": 0.25, "TRAIN": 0.9},
-                     "staleness": {"0": 6, "1": 2}})
+                     "staleness": {"0": 6, "1": 2},
+                     "mix": {"launched": {"math": 0.5, "swe": 0.5}, "trained": {"math": 0.5 + 0.1 / i, "swe": 0.5 - 0.1 / i}}})
     syncs = [{"at": t_start - 5, "from": 0, "version": 1, "suspend_s": 0.1, "update_s": 0.2, "recompute_kv_s": 0.05}]  # warm start, before t0
     syncs += [{"at": t_start + 10.0 * i + 1, "from": i, "version": i + 1, "suspend_s": 0.1, "update_s": 0.3, "recompute_kv_s": 0.01} for i in range(1, n_steps)]
     history = [{"version": 1, "elapsed_s": 2.0, "eval": {"frozenlake": {"success": 0.25}, "sokoban": {"success": 0.0}}},
@@ -77,6 +78,8 @@ def test_panels_plot_the_merged_state():
     assert d["version"]["t"][-1] == 45.0 and d["version"]["version"][-1] == 3  # held until now
     assert dict(zip(d["counts"]["what"], d["counts"]["n"]))["aborted_stale"] == 2
     assert dict(zip(d["scores"]["name"], d["scores"]["ys"]))["frozenlake"] == [0.25, 0.5]
+    assert dict(zip(d["mix"]["name"], d["mix"]["ys"]))["swe"] == [-10.0, -5.0, -3.33]  # trained − launched, pp, per step
+    assert d["summary"]["mix_shift_pp"] == 3.33  # the latest gap
     s = d["summary"]
     assert (s["inflight"], s["busy_points"], s["staleness"], s["syncs"], s["evals"], s["step"]) == (4, 9, 24, 3, 2, 3)
     empty = panel_data(None)  # the page before any run published

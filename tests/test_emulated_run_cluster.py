@@ -143,3 +143,26 @@ def test_rollart_ablate_all_runs_every_figure_at_a_tiny_scale(tmp_path):
         assert len(rows) >= 3 and (out / name / "results.png").stat().st_size > 5000
         results = json.loads((out / name / "results.json").read_text())
         assert all(r["measured"]["step_s"] > 0 and r["ideal"]["step_s"] > 0 for r in results)
+
+
+@pytest.mark.parametrize("partial", ["restart", "continue"])
+def test_a_turn_a_weight_update_interrupts_restarts_or_continues_with_a_version_per_token(tmp_path, run_async, partial):
+    """Suspend aborts the turns generating at each weight update. restart: generated again under the new weights (the
+    partial response discarded, counted); continue: on from the prefix, each token keeping the version that made it —
+    per-token versions reach the trained batch and the trainer, which reports how far behind its tokens are."""
+    from rollart_dask.entry.api import run_flow
+
+    # the turns long enough to be interrupted are the slow task's: without fairness none of them is trained in 5 steps
+    cfg = _emulated_flow(tmp_path, "rollout.alpha=4", "rollout.admission=eager", "rollout.fairness=task", f"rollout.partial={partial}")
+    batches: list = []
+    run_async(run_flow(cfg, tmp_path, on_ready=lambda run: record_trained_batches(run, batches)), timeout=600)
+    steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if r["kind"] == "step"]
+    check_staleness_by_turns(batches, steps, 4)  # a continued turn's first token counts for its trajectory's staleness
+    tokens = steps[-1]["rollout_tokens"]
+    assert 0 < tokens["trained"] < tokens["generated"]
+    mixed = sum(r["mixed_version_turns"] for r in steps)
+    if partial == "continue":
+        assert tokens["continued"] > 0 and tokens["discarded"] == 0 and mixed > 0
+        assert max(r["token_lag_max"] for r in steps) >= 1
+    else:
+        assert tokens["discarded"] > 0 and tokens["continued"] == 0 and mixed == 0

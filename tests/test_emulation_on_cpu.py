@@ -107,7 +107,8 @@ def test_engine_contract_choices_version_and_abort():
     time.sleep(0.2)
     eng.abort(["slow#1"])
     th.join(timeout=5)
-    assert res["c"][0].finish_reason == "abort" and res["c"][0].token_ids == []
+    cut = res["c"][0]  # what it generated before the abort (a continuation goes on from it), far from the whole
+    assert cut.finish_reason == "abort" and len(cut.token_ids) < 100_000 and len(cut.logprobs) == len(cut.token_ids)
 
 
 def test_engine_time_scale_scales_wall_time_and_joins_concurrent_calls():

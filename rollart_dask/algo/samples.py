@@ -1,11 +1,12 @@
 """Training samples from finished groups: a pure function beside the algorithms (no Dask, no torch).
 
-One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the trajectory's
-advantage); the stats describe the batch as trained: reward, success, the share of groups with any
+One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the policy version of the turn and,
+when it was continued across versions, of each response token; the trajectory's advantage); the stats describe the batch as trained: reward, success, the share of groups with any
 signal (a group whose members all scored alike teaches nothing under GRPO), and per task.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Protocol, Sequence
 
 from rollart_dask.types import Trajectory
@@ -38,10 +39,28 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
             pt["turns"] += len(traj.turns)
             for turn in traj.turns:
                 samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
-                                "allowed_ids": turn.allowed_ids, "advantage": a})
-    stats = {"trajectories": len(rewards), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
+                                "allowed_ids": turn.allowed_ids, "version": turn.version, "token_versions": turn.token_versions,
+                                "advantage": a})
+    stats = {"trajectories": len(rewards),
+             "mixed_version_turns": sum(len(set(s["token_versions"] or ())) > 1 for s in samples) / max(len(samples), 1), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
              "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards),
              "tasks": {name: {"groups": pt["groups"], "trajectories": pt["trajectories"], "reward_mean": pt["reward_sum"] / pt["trajectories"],
                               "success": pt["success_sum"] / pt["trajectories"], "turns_per_traj": pt["turns"] / pt["trajectories"]}
                        for name, pt in per_task.items()}}
     return samples, stats
+
+
+def version_lag(samples: Sequence[dict], trainer_version: int) -> dict:
+    """How far behind the trainer each response token's policy is (trainer version − token version), over the batch's
+    tokens: mean, max, and the share of tokens made by an older version than the trainer's."""
+    lag: Counter = Counter()  # lag → tokens
+    for s in samples:
+        if s.get("token_versions") is not None:
+            lag.update(trainer_version - v for v in s["token_versions"])
+        elif "version" in s:
+            lag[trainer_version - s["version"]] += len(s["response_ids"])
+    n = sum(lag.values())
+    if not n:
+        return {}
+    return {"token_lag_mean": sum(k * v for k, v in lag.items()) / n, "token_lag_max": max(lag),
+            "token_lag_share": sum(v for k, v in lag.items() if k > 0) / n}

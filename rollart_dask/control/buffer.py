@@ -68,6 +68,7 @@ class SampleBuffer:
         self.launched: Counter = Counter()  # task → groups opened
         self.dropped_of: Counter = Counter()  # task → groups dropped
         self.trained: Counter = Counter()  # task → groups taken for training
+        self.mix_at_take: dict = mix_shift(self.launched, self.trained)  # the mix as the last batch was taken (launches go on after)
 
     # -- events ---------------------------------------------------------------------------
     def open_group(self, group_id: str, task: str, seed: int, size: int | None = None) -> Orders:
@@ -145,6 +146,7 @@ class SampleBuffer:
         out = [self.groups.pop(i) for i in ids]
         self.counts["groups_trained"] += len(out)
         self.trained.update(g.task for g in out)
+        self.mix_at_take = self.mix()
         return out
 
     def _fair_batch(self, n: int) -> list[str] | None:

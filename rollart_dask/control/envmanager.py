@@ -152,16 +152,17 @@ class EnvManager:
                 c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate)
                 if budget is not None:
                     budget -= len(c.token_ids)
-                if traj.version is None:
-                    traj.version = c.version
+                if traj.version is None:  # the version of its first token (a continued turn's is older than its last)
+                    traj.version = c.token_versions[0] if c.token_versions else c.version
                     if on_start is not None:
-                        on_start(tid, c.version)
+                        on_start(tid, traj.version)
                 self.stage[tid] = "env-step"
                 last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
                 # env.step is not idempotent: no retry (a failed step fails the trajectory)
                 nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
                 traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
-                                       allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r))
+                                       allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r,
+                                       token_versions=c.token_versions))
                 obs, emulate = nobs, final_info.get("emulate")
                 if term or trunc:
                     break

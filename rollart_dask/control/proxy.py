@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from collections import Counter, defaultdict
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from rollart_dask.control.dispatch import Dispatcher, task_key
 from rollart_dask.data import tasks
@@ -19,8 +19,10 @@ class TrajectoryCancelled(Exception):
 
 
 class LLMProxy:
-    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False, pd=None):
+    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False, pd=None,
+                 partial: str = "restart"):
         self.d = dispatcher
+        self.partial = partial  # rollout.partial: a turn Suspend interrupted restarts, or continues from its prefix
         self.pd = pd  # rollout.pd (prefill, decode pools): each call is prefilled on one pool and decoded on the other (PDRoute below)
         self._peer: dict[str, str] = {}  # request id → its prefill engine, when disaggregated (aborts go to both engines)
         self.streamed = streamed  # engines that batch continuously across calls answer each request on its own
@@ -38,6 +40,7 @@ class LLMProxy:
         self._idle.set()
         self.requests = 0
         self.reissued = 0
+        self.tokens = Counter()  # generated (every token an engine returned), discarded (restarted partials), continued
         self._rids = itertools.count()  # request ids: trajectory#n, unique within this proxy
 
     @property
@@ -59,6 +62,7 @@ class LLMProxy:
     async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
                        emulate: dict | None = None) -> Completion:
         """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it)."""
+        prefix = Prefix()  # rollout.partial=continue: the response so far, across the versions that made it
         while True:
             await self._open.wait()
             if traj_id in self.cancelled:
@@ -66,7 +70,9 @@ class LLMProxy:
             route = pd_route(self, traj_id) if self.pd else None  # sticky engines in both pools; decode is the call's worker
             addr = route.decode_worker if route else self.pick(traj_id, pool)
             rid = f"{traj_id}#{next(self._rids)}"
-            item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens, "temperature": temperature}
+            item = {"id": rid, "prompt": prompt, "choices": choices, "max_tokens": max_tokens - len(prefix.ids), "temperature": temperature}
+            if prefix.ids:
+                item["prefix_ids"] = prefix.ids
             if emulate:
                 item["emulate"] = emulate
             self._inflight[rid] = (addr, traj_id)
@@ -90,11 +96,19 @@ class LLMProxy:
                     self.load[self._peer.pop(rid)] -= 1
                 if not self._inflight:
                     self._idle.set()
+            self.tokens["generated"] += len(c.token_ids)
             if c.finish_reason != "abort":
-                return c
+                return prefix.join(c)
             if traj_id in self.cancelled:
                 raise TrajectoryCancelled(traj_id)
-            self.reissued += 1  # aborted by Suspend: re-issued after Resume, re-prefilled under the new weights
+            self.reissued += 1  # aborted by Suspend: re-issued after Resume, under the new weights
+            if self.partial == "continue":  # from its prefix (re-prefilled with it)
+                prefix.add(c)
+                self.tokens["continued"] += len(c.token_ids)
+                if len(prefix.ids) >= max_tokens:  # aborted on its last token: nothing left to generate
+                    return prefix.join(replace(c, token_ids=[], logprobs=[], allowed_ids=None, finish_reason="length"))
+            else:  # from the turn's prompt: what it generated is discarded
+                self.tokens["discarded"] += len(c.token_ids)
 
     def forget(self, traj_id: str) -> None:
         self.sticky.pop(traj_id, None)
@@ -140,6 +154,38 @@ class LLMProxy:
 
     async def reset_prefix_cache(self) -> None:
         await self._on_engines("reset-prefix-cache", tasks.engine_reset_prefix_cache_batch, {a: {} for a in self.pool_of})
+
+
+@dataclass
+class Prefix:
+    """A turn's response generated so far across interruptions (rollout.partial=continue): the tokens, their behaviour
+    log-probs, allowed ids and the version that made each; the prompt is the first request's."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    allowed: list | None = None
+    versions: list[int] = field(default_factory=list)
+    prompt_ids: list[int] | None = None
+
+    def add(self, c: Completion) -> None:
+        if not c.token_ids:  # aborted before its first token (or by an engine that returns no partial response)
+            return
+        if self.prompt_ids is None:
+            self.prompt_ids = list(c.prompt_ids)
+        n = len(c.token_ids)
+        self.ids += list(c.token_ids)
+        self.logprobs += list(c.logprobs)[:n]
+        if c.allowed_ids is not None:
+            self.allowed = (self.allowed or []) + list(c.allowed_ids)[:n]
+        self.versions += [c.version] * n
+
+    def join(self, c: Completion) -> Completion:
+        """The whole turn: this prefix, then ``c`` (the last request's continuation; its text is the whole response's)."""
+        if self.prompt_ids is None:
+            return c
+        allowed = None if self.allowed is None and c.allowed_ids is None else (self.allowed or []) + list(c.allowed_ids or [])
+        return replace(c, prompt_ids=self.prompt_ids, token_ids=self.ids + list(c.token_ids), logprobs=self.logprobs + list(c.logprobs),
+                       allowed_ids=allowed, token_versions=self.versions + [c.version] * len(c.token_ids))
 
 
 # -- prefill/decode disaggregation (rollout.pd): a call's route through two engines ------------------------

@@ -340,7 +340,7 @@ class Run:
             ckpt = await self.checkpoint()
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
                     "counts": {**self.buffer.counts, **self.counts, **s.em.counts}, "steps": self.published - self.launcher.base_version,
-                    "weights": s.weights.summary(),
+                    "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(),
                     **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {})}  # totals at the last step
         finally:
             await self.stop()

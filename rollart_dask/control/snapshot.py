@@ -19,6 +19,14 @@ def _r(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
 
+def _mix_gap(mix: dict | None) -> dict:
+    """Per task, trained share − launched share since the run began, in percentage points (buffer.mix)."""
+    if not mix:
+        return {}
+    launched, trained = mix.get("launched", {}), mix.get("trained", {})
+    return {t: _r(100 * (trained.get(t, 0.0) - launched.get(t, 0.0)), 2) for t in sorted(set(launched) | set(trained))}
+
+
 def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
     """The dashboard's view of ``run`` (a control.run.Run after set-up) at monotonic time ``now``."""
     now = time.monotonic() if now is None else now
@@ -41,7 +49,8 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         "counts": counts,
         "steps": [{"step": int(r["step"]), "t": _r(r.get("elapsed_s", 0.0), 2),
                    "busy": {p: _r(v) for p, v in (r.get("pool_busy") or {}).items()},
-                   "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()}} for r in steps],
+                   "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},
+                   "mix": _mix_gap(r.get("mix"))} for r in steps],
         # weight syncs of set-up (warm start, restore) have t < 0: they happened before the run's clock
         "syncs": [{"t": _r(s["at"] - run.t_start, 2), "from": s["from"], "version": s["version"],
                    **{k: _r(s.get(k, 0.0)) for k in ("suspend_s", "update_s", "recompute_kv_s")}} for s in run.syncs[-TAIL:]],

@@ -65,7 +65,8 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     await client.register_plugin(plugins.trainer_plugin(cfg, str(model_dir)), name=plugins.TRAINER)
     # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
     # one batch per call)
-    proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd)
+    proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd,
+                     partial=cfg.rollout.partial)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
                     reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.stateful,
                     reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})

@@ -59,9 +59,14 @@ class EngineBase:
         return len(request_ids)
 
     def encode(self, req: dict) -> list[int]:
-        if req.get("prompt_ids") is not None:
-            return list(req["prompt_ids"])
-        return list(self._template(req["prompt"]))
+        """The ids to prefill: the prompt's, then a continued request's ``prefix_ids`` (its response so far, made
+        before a weight update; rollout.partial=continue) — decoding goes on from there."""
+        ids = list(req["prompt_ids"]) if req.get("prompt_ids") is not None else list(self._template(req["prompt"]))
+        return ids + list(req.get("prefix_ids") or [])
+
+    def response_text(self, req: dict, token_ids: list[int]) -> str:
+        """The whole response's text: a continued request's prefix and its new tokens, decoded together."""
+        return self.tokenizer.decode(list(req.get("prefix_ids") or []) + list(token_ids), skip_special_tokens=True)
 
     @functools.lru_cache(maxsize=65536)
     def _template(self, prompt: str) -> tuple[int, ...]:

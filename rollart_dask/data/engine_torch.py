@@ -299,12 +299,11 @@ class TorchEngine(EngineBase):
         for r in b.reqs:
             self._aborted.discard(r["id"])
         done = []
-        for i, r in enumerate(b.reqs):
+        for i, r in enumerate(b.reqs):  # an aborted request returns what it generated: a continuation goes on from it
             ok = b.finish[i] != "abort"
             done.append(Completion(
-                request_id=r["id"], prompt_ids=b.prompts[i], token_ids=b.tokens[i] if ok else [], logprobs=b.logps[i] if ok else [],
-                allowed_ids=b.allowed_log[i] if ok else None, text=self.tokenizer.decode(b.tokens[i], skip_special_tokens=True) if ok else "",
-                finish_reason=b.finish[i] or "length", version=b.version))
+                request_id=r["id"], prompt_ids=b.prompts[i], token_ids=b.tokens[i], logprobs=b.logps[i], allowed_ids=b.allowed_log[i],
+                text=self.response_text(r, b.tokens[i]) if ok else "", finish_reason=b.finish[i] or "length", version=b.version))
         self.stats["tokens"] += sum(len(c.token_ids) for c in done)
         self.stats["requests"] += len(b.reqs)
         if b.unique is not None:
@@ -321,6 +320,10 @@ class _Batch:
         n = len(reqs)
         self.reqs, self.prompts, self.tries, self.version = reqs, prompts, tries, version
         self.nodes = [t.root if t else None for t in tries]
+        for i, r in enumerate(reqs):  # a continued request's choice is already partly decoded
+            for tok in r.get("prefix_ids") or ():
+                if self.nodes[i] is not None:
+                    self.nodes[i] = self.nodes[i][tok]
         self.limits = [int(r.get("max_tokens", 16)) for r in reqs]
         self.temps = torch.tensor([float(r.get("temperature", 1.0)) for r in reqs])
         self.greedy = self.temps <= 0

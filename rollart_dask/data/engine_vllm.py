@@ -175,7 +175,7 @@ class VLLMEngine(EngineBase):
             by_id = {r["id"]: (p, o) for r, p, o in zip(live, prompts, outs)}
             done = []
             for r in requests:
-                if r["id"] not in by_id or r["id"] in self._aborted:
+                if r["id"] not in by_id or r["id"] in self._aborted:  # (a batch runs to its end here: no partial response to continue)
                     done.append(Completion(r["id"], [], [], [], None, "", "abort", version))
                     continue
                 p, o = by_id[r["id"]]
@@ -185,7 +185,7 @@ class VLLMEngine(EngineBase):
                 allowed = self._choice_ids(tuple(r["choices"])) if r.get("choices") else None
                 finish = "stop" if (allowed is not None or c.finish_reason == "stop") else "length"
                 done.append(Completion(r["id"], p["prompt_token_ids"], ids, logps, [allowed] * len(ids) if allowed else None,
-                                       self.tokenizer.decode(ids, skip_special_tokens=True), finish, version))
+                                       self.response_text(r, ids), finish, version))
             for r in requests:
                 self._aborted.discard(r["id"])
             self.stats["tokens"] += sum(len(c.token_ids) for c in done)

@@ -210,7 +210,11 @@ def engine_reset_prefix_cache_batch(items: list[dict], reply=None):
 
 
 def trainer_step(samples: list[dict], _after=None) -> dict:
-    return service(TRAINER).train_step(samples)
+    from rollart_dask.algo.samples import version_lag
+
+    trainer = service(TRAINER)
+    lag = version_lag(samples, trainer.version)  # per-token versions: how off-policy the batch is, token by token
+    return {**trainer.train_step(samples), **lag}
 
 
 def trainer_warm_start(demos: list[dict], steps: int, batch: int, lr: float, seed: int, shares: dict | None) -> dict:

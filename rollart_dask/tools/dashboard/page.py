@@ -57,7 +57,8 @@ def summary_html(s: dict) -> str:
     return (f'<div class="rollart-summary" {attrs} style="font-size:14px">'
             f'<b>RollArt</b> run <b>{escape(str(s["run"]) or "–")}</b> · {escape(str(s["mode"]))} α={escape(str(s["alpha"]))} · '
             f'<b>{escape(str(s["status"]))}</b> · step {s["step"]} / {s["steps_target"]} · engines v{s["version"]} · '
-            f'{s["inflight"]} trajectories in flight · {s["finished"]} finished · t={s["t"]:.0f}s</div>')
+            f'{s["inflight"]} trajectories in flight · {s["finished"]} finished · trained mix within {s["mix_shift_pp"]:.1f} pp '
+            f'of launched · t={s["t"]:.0f}s</div>')
 
 
 def rollart_doc(scheduler, extra, doc):
@@ -103,6 +104,11 @@ def rollart_doc(scheduler, extra, doc):
     scores.xaxis.ticker.min_interval = 1
     scores.legend.location = "top_left"
 
+    mix = figure(title="Trained − launched share per task (percentage points, since the start)", x_axis_label="run time (s)", **kw)
+    mix.multi_line(xs="xs", ys="ys", color="color", legend_field="name", line_width=2, source=src["mix"])
+    mix.scatter(x="x", y="y", color="color", size=5, source=src["mix_points"])
+    mix.legend.location = "top_left"
+
     def update() -> None:
         plugin = scheduler.plugins.get(PLUGIN)
         d = panel_data(plugin.current() if plugin is not None else None)
@@ -117,7 +123,8 @@ def rollart_doc(scheduler, extra, doc):
     update()
     doc.add_periodic_callback(update, REFRESH_MS)
     doc.title = "Dask: RollArt"
-    doc.add_root(column(header, gridplot([[inflight, busy], [stale, version], [counts, scores]], sizing_mode="stretch_width"),
+    doc.add_root(column(header, gridplot([[inflight, busy], [stale, version], [counts, scores], [mix, None]],
+                                                sizing_mode="stretch_width"),
                         sizing_mode="stretch_width"))
     doc.template = env.get_template("simple.html")
     doc.template_variables.update(extra)

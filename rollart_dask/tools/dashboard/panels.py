@@ -39,6 +39,13 @@ def panel_data(state) -> dict:
             xs.append(s["t"])
             ys.append(frac)
 
+    gap: dict[str, tuple[list, list]] = {}  # per task: trained − launched share (pp), over run time
+    for s in steps:
+        for task, pp in (s.get("mix") or {}).items():
+            xs, ys = gap.setdefault(task, ([], []))
+            xs.append(s["t"])
+            ys.append(pp)
+
     stale: Counter = Counter()
     for s in steps:
         stale.update({int(k): v for k, v in s["staleness"].items()})
@@ -74,8 +81,9 @@ def panel_data(state) -> dict:
                "steps_target": latest.get("steps_target", 0), "version": latest.get("version", 0),
                "inflight": sum(inflight.values()), "busy_points": sum(len(xs) for xs, _ in busy.values()),
                "staleness": sum(stale.values()), "syncs": len(syncs), "evals": len(evals),
-               "counts": sum(counts.get(k, 0) for k in what), "finished": counts.get("finished", 0)}
-    busy_lines, score_lines = _lines(busy), _lines(scores)
+               "counts": sum(counts.get(k, 0) for k in what), "finished": counts.get("finished", 0),
+               "mix_shift_pp": max((abs(ys[-1]) for _, ys in gap.values()), default=0.0)}
+    busy_lines, score_lines, gap_lines = _lines(busy), _lines(scores), _lines(gap)
     return {
         "inflight": {"stage": stages, "n": [inflight.get(s, 0) for s in stages]},
         "busy": busy_lines, "busy_points": _points(busy_lines),
@@ -83,5 +91,6 @@ def panel_data(state) -> dict:
         "version": version, "suspend": suspend, "update": update, "resume": resume,
         "counts": {"what": what, "n": [counts[k] for k in what]},
         "scores": score_lines, "scores_points": _points(score_lines),
+        "mix": gap_lines, "mix_points": _points(gap_lines),
         "summary": summary,
     }

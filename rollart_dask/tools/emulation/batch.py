@@ -51,6 +51,7 @@ class Seq:
     text: str = ""
     stream: str | None = None  # a synthetic stream: ids are ranges, the cache counts the stream's prefix
     kv_imported: bool = False  # prefill/decode disaggregation: the prompt's KV came from a prefill instance (no prefill here)
+    generated: int = 0  # tokens generated when aborted (the first at the end of its prefill, one per decode step after)
 
     @property
     def prompt_tokens(self) -> int:
@@ -189,6 +190,7 @@ class ContinuousBatch:
             s = self.running[rid]
             self._leave(s)
             s.finish, s.t_done = "abort", self.clock
+            s.generated = min(s.output_tokens, 1 + self.step_no - s.admit_step)
             out.append(s)
         return out
 

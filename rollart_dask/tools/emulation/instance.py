@@ -316,14 +316,19 @@ class EmulatedEngine:
             n = min(limit, max(1, math.ceil(len(text) / 4)))
         else:
             n = limit
+        prefix = r.get("prefix_ids") or ()
+        if prefix:  # a continued request (rollout.partial=continue): its response so far is prefilled, the rest generated
+            prompt = range(len(prompt) + len(prefix)) if stream is not None else list(prompt) + list(prefix)
+            if "output_tokens" in emu:
+                n -= len(prefix)
         s = Seq(rid, prompt, max(1, n), arrival=self._now(), version=self.version, text=text, stream=stream)
         s.output_ids = (range(len(prompt), len(prompt) + s.output_tokens) if stream is not None
                         else _stream_ids(self.seed, key, len(prompt), s.output_tokens, self.model.vocab))
         return s
 
     def _completion(self, r: dict, s: Seq) -> Completion:
-        if s.finish == "abort":
-            return Completion(s.rid, s.prompt_ids, [], [], None, "", "abort", s.version)
+        if s.finish == "abort":  # what it generated before the abort: a continuation goes on from it
+            return Completion(s.rid, s.prompt_ids, s.output_ids[:s.generated], [-1.0] * s.generated, None, "", "abort", s.version)
         choices = r.get("choices")
         lp = -math.log(len(choices)) if choices else -1.0
         reason = "length" if (not choices and s.output_tokens >= int(r.get("max_tokens", 16))) else "stop"

@@ -7,8 +7,9 @@ from __future__ import annotations
 class SharedPool:
     """An engine pool's instances shared among the turns generating on it (processor sharing)."""
 
-    def __init__(self, sim: "object", instances: int):
+    def __init__(self, sim: "object", instances: int, keep_partial: bool = False):
         self.sim, self.cap = sim, float(instances)
+        self.keep_partial = keep_partial  # rollout.partial=continue: a turn Suspend interrupts keeps the work it has done
         self.jobs: dict[str, list] = {}  # trajectory → [work left, top rate, full work]
         self.rates: dict[str, float] = {}
         self.at = 0.0
@@ -27,11 +28,13 @@ class SharedPool:
             self._reschedule()
 
     def pause(self) -> None:
-        """Suspend: every turn in flight is aborted; at Resume it starts again from nothing."""
+        """Suspend: every turn in flight is aborted; at Resume it starts again from nothing (restart) or goes on from
+        where it was (continue; the re-prefill of its prefix is not modelled)."""
         self._advance()
         self.paused = True
         for job in self.jobs.values():
-            job[0] = job[2]
+            if not self.keep_partial:
+                job[0] = job[2]
         self._reschedule()
 
     def resume(self) -> None:

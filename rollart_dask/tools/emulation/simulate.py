@@ -14,7 +14,8 @@ Service times come from the models the ideal uses:
 - generation: each turn needs *work* — instance-seconds at the throughput-optimal batch (``per_trajectory_seconds``,
   spread over the turns by their batch-1 latencies) — and cannot finish faster than alone (its batch-1 latency);
   a pool's instances are shared among the turns generating on it (processor sharing, water-filled up to each
-  turn's own top speed). Suspend aborts the turns in flight; they start again, from nothing, at Resume;
+  turn's own top speed). Suspend aborts the turns in flight; they start again, from nothing, at Resume (or go on
+  from where they were with ``rollout.partial: continue``);
 - reward: serverless at once (its cost ``reward_s``), local on ``reward_slots`` servers in arrival order;
 - train: ``train_step_seconds`` of the batch's tokens; update: ``weight_load_seconds`` of the slowest instance, after
   the cross-cluster transfer (``weight_transfer_seconds``): pulled in the background from the publish on, or inside
@@ -64,7 +65,7 @@ class Simulation:
         self.tasks = {t.name: t for t in cfg.tasks}
         pools = _pools(cfg, engine_workers)
         self.pool_specs = pools
-        self.pools = {p: SharedPool(self, pool.instances) for p, pool in pools.items()}
+        self.pools = {p: SharedPool(self, pool.instances, keep_partial=self.r.partial == "continue") for p, pool in pools.items()}
         self.reward_slots = reward_slots
         self.rng, self.py = np.random.default_rng(seed), random.Random(seed)
         self.task_rng = random.Random(cfg.seed)  # the launcher's: every seed launches the measured run's task sequence
@@ -326,7 +327,7 @@ class Simulation:
         total, held = sum(self.trained_groups.values()) or 1, sum(self.held.values()) or 1
         return SimResult(step_s, n / step_s, float(np.mean(self.rollout_s)) if self.rollout_s else None,
                          {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts),
-                         {k: v / held for k, v in sorted(self.held.items())}, self.buffer.mix()["shift_pp"], list(self.train_done_at))
+                         {k: v / held for k, v in sorted(self.held.items())}, self.buffer.mix_at_take["shift_pp"], list(self.train_done_at))
 
 
 def simulate(cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2,
