@@ -77,6 +77,21 @@ def test_benchmark_runs_both_modes(tmp_path):
     assert all(r["steps"] >= 1 for r in results.values())
 
 
+@pytest.mark.slow
+def test_staleness_grid_runs_a_cell_and_its_restart_twin(tmp_path):
+    """benchmarks/staleness_grid.py at a tiny budget: eager α=4 with tis, continued and restarted, each with its tokens."""
+    res = subprocess.run([sys.executable, "benchmarks/staleness_grid.py", "--alpha", "4", "--correction", "tis", "--minutes", "0.3",
+                          "--out", str(tmp_path), "--set", "eval.seeds=10", "--set", "rollout.batch_groups=4"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) == {"α=4 tis continue", "α=4 tis restart"}
+    for r in results.values():
+        assert r["steps"] >= 1 and r["tokens"]["generated"] >= r["tokens"]["trained"] > 0
+    assert results["α=4 tis restart"]["tokens"]["continued"] == 0 and results["α=4 tis continue"]["tokens"]["discarded"] == 0
+    assert (tmp_path / "heldout.png").stat().st_size > 0
+
+
 def test_scale_benchmark_measures_a_shape_beside_its_simulated_policy(tmp_path):
     """benchmarks/scale.py at a tiny budget: the paper's cluster shape (128 EMULATED GPUs) with a 4-group batch, its
     CPU workers sized to what it holds in flight, measured beside its simulated policy and ideal."""

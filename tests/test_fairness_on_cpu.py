@@ -6,7 +6,7 @@ import pytest
 
 from rollart_dask.config import load_flow
 from rollart_dask.control.buffer import SampleBuffer
-from rollart_dask.control.fairness import mix_shift, quota
+from rollart_dask.control.fairness import length_shift, mix_shift, quota
 from rollart_dask.tools.ablation.measure import engine_workers, reward_slots
 from rollart_dask.tools.emulation.simulate import Simulation
 from rollart_dask.types import Trajectory
@@ -18,6 +18,13 @@ def test_quota_gives_each_slot_to_the_task_furthest_behind_its_share():
     assert quota(Counter(a=6, b=2), Counter(a=3, b=2), 3) == Counter(a=3)  # b has nothing left untrained
     assert quota(Counter(a=2), Counter(a=1), 2) is None  # one untrained group for a batch of two
     assert mix_shift(Counter(a=3, b=1), Counter(a=4))["shift_pp"] == 25.0
+
+
+def test_length_shift_compares_trained_lengths_with_the_launched_quartiles():
+    launched = {"t": [1, 2, 3, 4, 5, 6, 7, 8]}
+    assert length_shift(launched, {"t": [1, 3, 5, 7]}) == 0.0  # one in each quartile
+    assert length_shift(launched, {"t": [1, 2, 3, 4]}) == 25.0  # the long half never trained: 50% in each short quartile
+    assert length_shift(launched, {"t": [1, 2]}) == 75.0
 
 
 def done(b: SampleBuffer, gid: str, task: str, version: int = 0) -> None:

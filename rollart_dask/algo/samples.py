@@ -1,8 +1,9 @@
 """Training samples from finished groups: a pure function beside the algorithms (no Dask, no torch).
 
-One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the policy version of the turn and,
-when it was continued across versions, of each response token; the trajectory's advantage); the stats describe the batch as trained: reward, success, the share of groups with any
-signal (a group whose members all scored alike teaches nothing under GRPO), and per task.
+One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the policy version of the turn
+and, when it was continued across versions, of each response token; the trajectory's advantage); the stats
+describe the batch as trained: reward, success, the share of groups with any signal (a group whose members all
+scored alike teaches nothing under GRPO), the share of turns continued across versions, and per task.
 """
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
                 samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
                                 "allowed_ids": turn.allowed_ids, "version": turn.version, "token_versions": turn.token_versions,
                                 "advantage": a})
-    stats = {"trajectories": len(rewards),
-             "mixed_version_turns": sum(len(set(s["token_versions"] or ())) > 1 for s in samples) / max(len(samples), 1), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
+    mixed = sum(len(set(s["token_versions"] or ())) > 1 for s in samples)
+    stats = {"trajectories": len(rewards), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
+             "mixed_version_turns": mixed / len(samples),
              "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards),
              "tasks": {name: {"groups": pt["groups"], "trajectories": pt["trajectories"], "reward_mean": pt["reward_sum"] / pt["trajectories"],
                               "success": pt["success_sum"] / pt["trajectories"], "turns_per_traj": pt["turns"] / pt["trajectories"]}

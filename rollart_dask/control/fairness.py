@@ -47,3 +47,21 @@ def mix_shift(launched: Counter, trained: Counter) -> dict:
     gap = max((abs(ts.get(t, 0.0) - ls.get(t, 0.0)) for t in set(ls) | set(ts)), default=0.0)
     return {"launched": {t: round(v, 4) for t, v in ls.items()}, "trained": {t: round(v, 4) for t, v in ts.items()},
             "shift_pp": round(100 * gap, 2)}
+
+
+def length_shift(launched: dict[str, list[float]], trained: dict[str, list[float]], bins: int = 4) -> float:
+    """Within each task, the share of trained trajectories in each quantile bin of the launched trajectories' lengths
+    (``bins`` bins: quartiles by default), against 1 / bins: the largest gap, in percentage points. Needs every launched
+    trajectory's length, aborted ones included — known where lengths are drawn at launch (the policy simulator)."""
+    gap = 0.0
+    for task, xs in launched.items():
+        ys = trained.get(task) or []
+        if len(xs) < bins or not ys:
+            continue
+        xs = sorted(xs)
+        edges = [xs[len(xs) * k // bins] for k in range(1, bins)]
+        counts = [0] * bins
+        for y in ys:
+            counts[sum(y >= e for e in edges)] += 1
+        gap = max(gap, max(abs(c / len(ys) - 1 / bins) for c in counts))
+    return round(100 * gap, 2)

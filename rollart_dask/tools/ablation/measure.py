@@ -105,7 +105,7 @@ def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
             "trained_mix": mix, "held_mix": held, "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k)
                                                            for r in runs),
             "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs), "seeds": seeds,
-            "mix_shift_pp": statistics.mean(r.mix_shift_pp for r in runs)}
+            "mix_shift_pp": statistics.mean(r.mix_shift_pp for r in runs), "length_shift_pp": statistics.mean(r.length_shift_pp for r in runs)}
 
 
 def cost_of(cfg: FlowConfig, measured: dict, ideal: dict) -> dict:

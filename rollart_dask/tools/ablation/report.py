@@ -53,6 +53,7 @@ def rows_of(spec: AblationSpec, results: list[dict]) -> list[dict]:
         row["launched_mix"] = _mix(m.get("launched_mix"))
         row["mix_shift_pp"] = m.get("mix_shift_pp")
         row["simulated_mix_shift_pp"] = simulated.get("mix_shift_pp")
+        row["simulated_length_shift_pp"] = simulated.get("length_shift_pp")
         row["simulated_held_mix"] = _mix(simulated.get("held_mix"))
         row["eager_trainable_mix"] = _mix(r["ideal"].get("terms", {}).get("eager_trainable_mix"))
         row["simulated_mix"] = _mix(simulated.get("trained_mix"))
@@ -101,7 +102,11 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
                      f"| {r['launched_mix'] or '—'} | {_fmt(r['mix_shift_pp'])} ({_fmt(r['simulated_mix_shift_pp'])}) "
                      f"| {_fmt(r['cost_per_step'])} / {_fmt(r['cost_per_trajectory'])} ({_fmt(r['ideal_cost_per_trajectory'])}) |")
     lines += ["", "Mix shift: the largest gap, in percentage points, between a task's share of the groups launched and of "
-              "those trained, over the whole run (warm-up included; rollout.fairness=task keeps it within about one group)."]
+              "those trained, since the start (warm-up included), as the last batch was taken (rollout.fairness=task keeps it "
+              "within about one group). Length shift (simulated: only the simulation knows the length of an aborted "
+              "trajectory): within each task, the largest gap between the trained trajectories' share in a quartile of the "
+              "launched trajectories' lengths and 25%: " + ", ".join(f"{r['variant']} {_fmt(r['simulated_length_shift_pp'])} pp"
+                                                                         for r in rows) + "."]
     lines += ["", "Simulated: the same policy (admission, staleness bound, redundancy, protocol; the real SampleBuffer) in a "
               "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/tools/emulation/"
               "simulate.py), mean of its seeds. Ours / simulated is what the runtime keeps of what its policy can reach; "

@@ -34,6 +34,7 @@ import numpy as np
 from envs.synthetic import draw_length
 from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
+from rollart_dask.control.fairness import length_shift
 from rollart_dask.control.launcher import admission_limit, draw_group
 from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads, transfer_seconds
 from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds
@@ -53,7 +54,8 @@ class SimResult:
     trained_mix: dict[str, float]
     counts: dict = field(default_factory=dict)  # the buffer's counts (aborted_stale, evicted_stale, groups_dropped, …)
     held_mix: dict[str, float] = field(default_factory=dict)  # time-averaged share of the open groups per task
-    mix_shift_pp: float = 0.0  # the largest gap between a task's launched and trained shares, over the whole run
+    mix_shift_pp: float = 0.0  # the largest gap between a task's launched and trained shares, as the last batch was taken
+    length_shift_pp: float = 0.0  # within tasks, the largest gap of trained shares over the launched lengths' quartiles
     train_done_at: list[float] = field(default_factory=list)
 
 
@@ -88,6 +90,8 @@ class Simulation:
         self.train_done_at: list[float] = []
         self.wave: list[str] = []
         self.version_of: dict[str, int] = {}  # trajectory → engine version at its first generate
+        self.length_of: dict[str, float] = {}  # trajectory → emulated seconds it takes alone (drawn at launch, aborted ones too)
+        self.trained_length: dict[str, list[float]] = {}  # task → lengths of the trained trajectories
         self._task_of: dict[str, str] = {}
         self._work_of: dict[tuple, float] = {}
         self._loop = None
@@ -155,6 +159,7 @@ class Simulation:
         outs = np.array([[draw_length(load.env_args.get("output_tokens", 256), self.py) for _ in range(w.turns)]])
         latency = _generation_latency(load, self.model, self.pool_specs[pool], outs)[0]
         work = self._work(task, pool) * latency / max(latency.sum(), 1e-12)
+        self.length_of[tid] = float(reset[0] + steps[0].sum() + latency.sum() + load.reward_s)
         barrier = self.barrier_of.get(tid)
         yield ("wait", float(reset[0]))
         if fail_at == 0:  # the reset failed, its retries too
@@ -277,6 +282,7 @@ class Simulation:
             yield from self._install()
             for g in groups:
                 self.trained_groups[g.task] += 1
+                self.trained_length.setdefault(g.task, []).extend(self.length_of[t.id] for t in g.kept)
             tokens = sum(self.loads[g.task].workload.sample_tokens for g in groups for _ in g.kept)
             e = self.cfg.emulation
             train_s = train_step_seconds(self.model, e.trainer.gpus, int(tokens), GPUS[e.trainer.gpu])
@@ -327,7 +333,15 @@ class Simulation:
         total, held = sum(self.trained_groups.values()) or 1, sum(self.held.values()) or 1
         return SimResult(step_s, n / step_s, float(np.mean(self.rollout_s)) if self.rollout_s else None,
                          {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts),
-                         {k: v / held for k, v in sorted(self.held.items())}, self.buffer.mix_at_take["shift_pp"], list(self.train_done_at))
+                         {k: v / held for k, v in sorted(self.held.items())}, self.buffer.mix_at_take["shift_pp"], self._length_shift(),
+                         list(self.train_done_at))
+
+
+    def _length_shift(self) -> float:
+        launched: dict[str, list[float]] = {}
+        for tid, x in self.length_of.items():
+            launched.setdefault(self._task_of[tid], []).append(x)
+        return length_shift(launched, self.trained_length)
 
 
 def simulate(cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2,
