@@ -136,13 +136,17 @@ def test_rollart_ablate_all_runs_every_figure_at_a_tiny_scale(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "ablate", "all", "--tiny", "--out", str(out)],
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("fig10b_modes", "fig11a_affinity", "fig11b_weights", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward"):
+    for name in ("fig10b_modes", "fig11a_affinity", "fig11b_weights", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward",
+                 "fairness"):
         md = (out / name / "results.md").read_text()
         assert "EMULATED" in md and "paper, " in md and "Where the time beyond the ideal goes" in md
         rows = (out / name / "results.csv").read_text().splitlines()
         assert len(rows) >= 3 and (out / name / "results.png").stat().st_size > 5000
         results = json.loads((out / name / "results.json").read_text())
         assert all(r["measured"]["step_s"] > 0 and r["ideal"]["step_s"] > 0 for r in results)
+    fair = {r["variant"]: r for r in json.loads((out / "fairness" / "results.json").read_text())}
+    assert fair["sync"]["measured"]["mix_shift_pp"] == 0 and fair["α=1 fair"]["measured"]["launched_mix"]
+    assert "Mix shift" in (out / "fairness" / "results.md").read_text()
 
 
 @pytest.mark.parametrize("partial", ["restart", "continue"])

@@ -60,8 +60,10 @@ class LLMProxy:
         return addr
 
     async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
-                       emulate: dict | None = None) -> Completion:
-        """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it)."""
+                       emulate: dict | None = None, counted: bool = True) -> Completion:
+        """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it). ``counted``: its
+        tokens go into ``tokens`` (False for evaluation, which is never trained)."""
+        tokens = self.tokens if counted else Counter()
         prefix = Prefix()  # rollout.partial=continue: the response so far, across the versions that made it
         while True:
             await self._open.wait()
@@ -96,7 +98,7 @@ class LLMProxy:
                     self.load[self._peer.pop(rid)] -= 1
                 if not self._inflight:
                     self._idle.set()
-            self.tokens["generated"] += len(c.token_ids)
+            tokens["generated"] += len(c.token_ids)
             if c.finish_reason != "abort":
                 return prefix.join(c)
             if traj_id in self.cancelled:
@@ -104,11 +106,11 @@ class LLMProxy:
             self.reissued += 1  # aborted by Suspend: re-issued after Resume, under the new weights
             if self.partial == "continue":  # from its prefix (re-prefilled with it)
                 prefix.add(c)
-                self.tokens["continued"] += len(c.token_ids)
+                tokens["continued"] += len(c.token_ids)
                 if len(prefix.ids) >= max_tokens:  # aborted on its last token: nothing left to generate
                     return prefix.join(replace(c, token_ids=[], logprobs=[], allowed_ids=None, finish_reason="length"))
             else:  # from the turn's prompt: what it generated is discarded
-                self.tokens["discarded"] += len(c.token_ids)
+                tokens["discarded"] += len(c.token_ids)
 
     def forget(self, traj_id: str) -> None:
         self.sticky.pop(traj_id, None)
