@@ -86,6 +86,11 @@ def run(flow, overrides, scheduler, out, resume):
                      f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
                      f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "
                      f"re-prefilled {pdm['reprefilled']}"))
+    t = result.get("rollout_tokens") or {}
+    if t.get("generated"):
+        rows.append(("response tokens", f"{t['generated']} generated, {t['trained']} trained ({t['wasted_share']:.1%} wasted: stale, redundant, "
+                     f"failed, in flight); {t['discarded']} of interrupted turns discarded, {t['continued']} continued "
+                     f"(rollout.partial={cfg.rollout.partial})"))
     rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
     console.print(summary_table(f"{cfg.name} — summary", rows))
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
