@@ -5,10 +5,11 @@ engine stages it in the background: the loop does not wait, engines keep generat
 n−1 and the next Train starts as soon as the publish has read the weights. Before the next
 Suspend the loop waits for what is not staged yet (``waited_s``; rollout and that Train go on
 meanwhile), then Update only swaps. Both figures are cut from the same two instants, so that
-0 ≤ ``waited_s`` ≤ ``transfer_s`` by construction: the transfer runs from Train done (``t0``) to the
-last engine staged (``done``), and ``waited_s`` is the part of that window during which the loop was
-waiting for it (from ``max(t0, the loop started waiting)`` to ``done``; the loop's own wake-up after
-``done`` is not transfer). ``hidden_s = transfer_s − waited_s`` is the part done before the loop needed it.
+0 ≤ ``waited_s`` ≤ ``transfer_s`` by construction: the transfer runs from the publish's start on the
+trainer, right after the Train (``t0``), to the client holding the last engine's answer (``done``; wall
+clock, both), and ``waited_s`` is the part of that window during which the loop was waiting for it
+(from ``max(t0, the loop started waiting)`` to ``done``). ``hidden_s = transfer_s − waited_s`` is the
+part done before the loop needed it.
 
 ``weights.pull: at_update`` is the synchronous baseline: the stage tasks are sent only when the loop asks for
 the version, with generation suspended (Run.suspend), so all of the transfer is waited for.
@@ -77,21 +78,25 @@ class WeightStore:
             else:
                 staged = [self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=p, worker=a)
                           for a, p in engines.items()]
-            self._staging = asyncio.ensure_future(self._timed(version, after, published, staged, setup))
+            # pulled at Update, the transfer begins with this submission; in the background, where the publish began
+            submitted = time.time() if self.cfg.pull == "at_update" and not setup else None
+            self._staging = asyncio.ensure_future(self._timed(version, published, staged, setup, submitted))
 
         if self.cfg.pull == "at_update" and not setup:
             self._deferred = stage
         else:
             stage()
 
-    async def _timed(self, version: int, after, published, staged: list, setup: bool) -> dict:
-        if after is not None:
-            await asyncio.gather(after, return_exceptions=True)  # its failure is the Train's to report
-        t0 = time.monotonic()
+    async def _timed(self, version: int, published, staged: list, setup: bool, submitted: float | None) -> dict:
+        """The transfer's window in wall-clock time from instants that a busy client loop cannot move later: the
+        stage's submission (pulled at Update) or the publish's start on the trainer (in the background), to the
+        moment the client holds every engine's answer. (Timing the start where this coroutine first ran shortened
+        the window by however long the loop took to get to it.)"""
         manifest = await published
-        t_published = time.monotonic()
+        t0 = submitted if submitted is not None else manifest["started_at"]
+        t_published = max(t0, time.time())
         rows = await asyncio.gather(*staged)
-        done = time.monotonic()
+        done = time.time()
         return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(staged),
                 "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
                 "transfer_s": done - t0, "setup": setup, "_window": (t0, done)}
@@ -104,7 +109,7 @@ class WeightStore:
             stage()
         if self._staging is None:
             raise RuntimeError("no weights were published to swap in")
-        t0 = time.monotonic()
+        t0 = time.time()
         try:
             row = await asyncio.wait_for(asyncio.shield(self._staging), self.cfg.timeout_s)
         except asyncio.TimeoutError:

@@ -31,8 +31,9 @@ def _mooncake(spec: dict):
 
 
 def trainer_publish(version: int, spec: dict, _after=None) -> dict:
-    """Bucket the trainer's weights as ``version`` and put them where the store keeps them; drop old versions."""
-    t0 = time.perf_counter()
+    """Bucket the trainer's weights as ``version`` and put them where the store keeps them; drop old versions.
+    ``started_at`` (wall clock): where a transfer that follows the Train begins, as no client-side wait can shift it."""
+    started_at, t0 = time.time(), time.perf_counter()
     state = service(TRAINER).state_dict()
     manifest, blobs = publish_buckets(state, version, int(spec["bucket_mb"] * 2**20))
     if spec["store"] == "mooncake":
@@ -57,6 +58,7 @@ def trainer_publish(version: int, spec: dict, _after=None) -> dict:
         for old in [v for v in _published if v <= version - spec["keep_versions"]]:
             del _published[old]
     manifest["publish_s"] = time.perf_counter() - t0
+    manifest["started_at"] = started_at
     return manifest
 
 
