@@ -40,16 +40,50 @@ def _default_workers() -> list[WorkerSpec]:
     ]
 
 
+class SecurityConfig(Strict):
+    ca_file: str = Field(description="PEM file of the CA that signed every certificate of the cluster")
+    cert: str = Field(description="PEM certificate this side presents (the same one serves scheduler, workers and client)")
+    key: str = Field(description="PEM private key of cert")
+
+    @model_validator(mode="after")
+    def _files(self):
+        missing = [f"{k}={v}" for k, v in (("ca_file", self.ca_file), ("cert", self.cert), ("key", self.key)) if not Path(v).is_file()]
+        if missing:
+            raise ValueError(f"cluster.security: no such file: {', '.join(missing)}")
+        return self
+
+
+SCHEDULER_SCHEMES = ("tcp", "tls")
+
+
 class ClusterConfig(Strict):
-    scheduler: str | None = Field(None, description="tcp://host:port of an existing scheduler; None = embedded cluster")
+    scheduler: str | None = Field(None, description="tcp://host:port or tls://host:port of an existing scheduler; None = embedded cluster")
     workers: list[WorkerSpec] = Field(default_factory=_default_workers, description="embedded cluster workers")
-    dashboard_address: str = Field(":0", description="embedded dashboard address (':0' = any free port)")
+    listen: str = Field("127.0.0.1", description="interface the embedded scheduler, workers and nannies listen on: loopback only by default; "
+                                                 "any other (0.0.0.0, a host's address) exposes the cluster, and then Dask's TLS is on "
+                                                 "(cluster.security's files, else certificates made for the run)")
+    dashboard_address: str = Field("127.0.0.1:0", description="embedded dashboard, bound on its own (plain HTTP, read-only): loopback by "
+                                                              "default whatever cluster.listen says; '0.0.0.0:8787' exposes it")
+    security: SecurityConfig | None = Field(None, description="TLS files {ca_file, cert, key}: for a tls:// cluster.scheduler, or for an "
+                                                              "exposed embedded cluster instead of certificates made for the run")
 
     @model_validator(mode="after")
     def _unique_names(self):
         names = [w.name for w in self.workers]
         if len(set(names)) != len(names):
             raise ValueError(f"worker names must be unique, got {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _addresses(self):
+        if "://" in self.listen or not self.listen.strip("[]"):
+            raise ValueError(f"cluster.listen must be a host or an interface address (127.0.0.1, 0.0.0.0, ::), got {self.listen!r}")
+        if self.scheduler:
+            scheme = self.scheduler.split("://", 1)[0] if "://" in self.scheduler else "tcp"
+            if scheme not in SCHEDULER_SCHEMES:
+                raise ValueError(f"cluster.scheduler {self.scheduler!r}: scheme {scheme}:// is not supported (allowed: tcp://, tls://)")
+            if scheme == "tcp" and self.security is not None:
+                raise ValueError(f"cluster.security is for a tls:// scheduler, but cluster.scheduler is {self.scheduler}")
         return self
 
 

@@ -5,6 +5,7 @@ import os
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,9 @@ def test_kubernetes_worker_groups_carry_the_pools():
             (container,) = pod["containers"]
             cmd = container["command"]
             assert cmd[:2] == ["dask", "worker"], f"{name}: {cmd}"
-            assert cmd[cmd.index("--name") + 1] == "$(DASK_WORKER_NAME)"  # the operator's name; the address comes from its env
+            assert cmd[cmd.index("--name") + 1] == "$(DASK_WORKER_NAME)"  # the operator's name
+            assert cmd[2] == "tls://rollart-scheduler:8786", f"{name}: {cmd}"  # TLS: the operator's env says tcp://
+            assert_tls(cmd, container, pod, name)
             resources = parse_resources(cmd[cmd.index("--resources") + 1])
             assert_pool_tags(resources, name)
             gpu = bool({"H800", "H20"} & set(resources))
@@ -139,6 +142,29 @@ def test_kubernetes_worker_groups_carry_the_pools():
     assert {"rollart-h800", "rollart-h20", "rollart-env-cpu", "rollart-train", "rollart-reward", "rollart-default"} <= set(groups)
     assert set(groups["rollart-train"]) == {"H800", "TRAIN"}  # the trainer's worker is also tagged H800
     assert set(groups["rollart-env-cpu"]) == {"CPU"}
+
+
+TLS_DIR = "/etc/rollart/tls"
+
+
+def assert_tls(cmd: list, container: dict, pod: dict, where: str) -> None:
+    """The cluster's certificate, from the rollart-tls Secret, given to the process."""
+    for flag, name in (("--tls-ca-file", "ca.pem"), ("--tls-cert", "cert.pem"), ("--tls-key", "key.pem")):
+        assert cmd[cmd.index(flag) + 1] == f"{TLS_DIR}/{name}", f"{where}: {cmd}"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["tls"] == TLS_DIR and volumes["tls"]["secret"]["secretName"] == "rollart-tls", where
+
+
+def test_the_kubernetes_scheduler_speaks_tls_and_the_secret_holds_the_three_files():
+    (cluster,) = [d for _, d in dask_docs() if d["kind"] == "DaskCluster"]
+    pod = cluster["spec"]["scheduler"]["spec"]
+    (container,) = pod["containers"]
+    cmd = container["command"]
+    assert cmd[:2] == ["dask", "scheduler"] and cmd[cmd.index("--protocol") + 1] == "tls", cmd
+    assert_tls(cmd, container, pod, "scheduler")
+    (secret,) = [d for name, d in manifests() if d["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "rollart-tls" and set(secret["data"]) == {"ca.pem", "cert.pem", "key.pem"}
 
 
 # -- shell recipes (Slurm, SSH, local) ------------------------------------------------------------
@@ -180,19 +206,33 @@ def recorder(tmp_path: Path, name: str, reply: str = "") -> Path:
     return log
 
 
+def certs(tmp_path: Path) -> Path:
+    from rollart_dask.resource.security import write_certificates
+
+    write_certificates(tmp_path / "tls")
+    return tmp_path / "tls"
+
+
 def test_ssh_recipe_starts_one_scheduler_and_tagged_workers(tmp_path):
-    log = recorder(tmp_path, "ssh")
-    env = {**os.environ, "SSH": str(tmp_path / "bin" / "ssh"), "SCHEDULER_WAIT_S": "0", "PORT": "8790"}
+    log, copies = recorder(tmp_path, "ssh"), recorder(tmp_path, "scp")
+    env = {**os.environ, "SSH": str(tmp_path / "bin" / "ssh"), "SCP": str(tmp_path / "bin" / "scp"), "SCHEDULER_WAIT_S": "0",
+           "PORT": "8790", "TLS_DIR": str(certs(tmp_path))}
     res = subprocess.run(["deploy/ssh/cluster.sh", "start", "deploy/ssh/hosts.example"], cwd=REPO, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "tcp://gpu-h800-01:8790"
+    assert res.stdout.strip() == "tls://gpu-h800-01:8790"
+    assert f"--set cluster.security.key={tmp_path / 'tls'}/key.pem" in res.stderr  # how the client attaches
+    hosts = {line.split()[0] for line in (REPO / "deploy/ssh/hosts.example").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    scp = [shlex.split(line) for line in copies.read_text().splitlines()]
+    assert sorted(c[-1].split(":")[0] for c in scp) == sorted(hosts) and all(len(c) == 5 for c in scp), scp  # -q, 3 files, host:dir
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
-    assert sum("dask scheduler --port 8790" in cmd for _, cmd in calls) == 1
+    tls = "--tls-ca-file /tmp/rollart-cluster/tls/ca.pem --tls-cert /tmp/rollart-cluster/tls/cert.pem --tls-key /tmp/rollart-cluster/tls/key.pem"
+    assert sum(f"dask scheduler --protocol tls --port 8790 {tls}" in cmd for _, cmd in calls) == 1
     workers = [(host, shlex.split(cmd.split("dask worker", 1)[1].split(">", 1)[0]), cmd) for host, cmd in calls if "dask worker" in cmd]
     assert len(workers) == 1 + 7 + 8 + 8 + 2 + 1 + 1  # hosts.example: workers per line
+    assert all(tls in cmd for _, _, cmd in workers)
     seen, gpus = set(), {}
     for host, args, cmd in workers:
-        assert args[0] == "tcp://gpu-h800-01:8790"
+        assert args[0] == "tls://gpu-h800-01:8790"
         resources = parse_resources(args[args.index("--resources") + 1])
         assert_pool_tags(resources, cmd)
         seen |= set(resources)
@@ -206,13 +246,21 @@ def test_ssh_recipe_starts_one_scheduler_and_tagged_workers(tmp_path):
     (tmp_path / "hosts").write_text("a scheduler\nb h100 1\n")
     res = subprocess.run(["deploy/ssh/cluster.sh", "start", str(tmp_path / "hosts")], cwd=REPO, env=env, capture_output=True, text=True)
     assert res.returncode != 0 and "unknown pool 'h100'" in res.stderr
+    # plain TCP only when asked, and said so
+    res = subprocess.run(["deploy/ssh/cluster.sh", "start", "deploy/ssh/hosts.example"], cwd=REPO, env={**env, "ROLLART_TLS": "off"},
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "tcp://gpu-h800-01:8790" and "plain TCP" in res.stderr, res.stderr
 
 
 def test_slurm_recipe_submits_the_scheduler_then_one_job_per_pool(tmp_path):
     log = recorder(tmp_path, "sbatch", reply="echo 4242")
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ROLLART_SHARED": str(tmp_path / "shared")}
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ROLLART_SHARED": str(tmp_path / "shared"),
+           "ROLLART_CLI": f"{sys.executable} -m rollart_dask.entry.cli"}
     res = subprocess.run(["deploy/slurm/submit.sh"], cwd=REPO, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    tls = tmp_path / "shared" / "tls"  # made for the cluster on the shared directory, the key its owner's alone
+    assert all((tls / f).stat().st_size > 0 for f in ("ca.pem", "cert.pem", "key.pem")) and (tls / "key.pem").stat().st_mode & 0o077 == 0
+    assert f"--set cluster.security.ca_file={tls}/ca.pem" in res.stderr
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
     assert calls[0][-1].endswith("scheduler.sbatch")
     pools = pools_sh("echo $ROLLART_POOLS").split()
@@ -227,3 +275,21 @@ def test_slurm_recipe_submits_the_scheduler_then_one_job_per_pool(tmp_path):
         seen |= set(resources)
         assert any(a.startswith("--gpus-per-task=") for a in call[:i]) == bool(set(resources) & {"H800", "H20"})
     assert seen == set(POOLS)
+
+
+def test_slurm_jobs_start_the_scheduler_and_workers_with_the_clusters_certificate(tmp_path):
+    """scheduler.sbatch and worker.sbatch as Slurm runs them (copies, found pools.sh through ROLLART_DEPLOY)."""
+    dask, srun = recorder(tmp_path, "dask", reply='echo \'{"address": "tls://n1:8786"}\' > "$ROLLART_SHARED/scheduler.json"'), recorder(tmp_path, "srun")
+    shared, tls = tmp_path / "shared", certs(tmp_path)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ROLLART_SHARED": str(shared), "ROLLART_DEPLOY": str(DEPLOY),
+           "ROLLART_TLS_DIR": str(tls)}
+    res = subprocess.run(["bash", "deploy/slurm/scheduler.sbatch"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (scheduler,) = [shlex.split(line) for line in dask.read_text().splitlines()]
+    assert scheduler[0] == "scheduler" and scheduler[scheduler.index("--protocol") + 1] == "tls", scheduler
+    assert scheduler[scheduler.index("--tls-key") + 1] == f"{tls}/key.pem"
+    shared.joinpath("scheduler-address").write_text("tls://n1:8786\n")  # (scheduler.sbatch removes it as it exits)
+    res = subprocess.run(["bash", "deploy/slurm/worker.sbatch", "h20", "H20=1000000", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (worker,) = [shlex.split(line) for line in srun.read_text().splitlines()]
+    assert worker[3] == "tls://n1:8786" and worker[-1] == f"--tls-ca-file {tls}/ca.pem --tls-cert {tls}/cert.pem --tls-key {tls}/key.pem", worker

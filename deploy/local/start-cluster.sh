@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A scheduler and one Dask worker per pool on this host (the embedded cluster's shape), to attach to:
+# A scheduler and one Dask worker per pool on this host (the embedded cluster's shape), on loopback only, to attach to:
 #   deploy/local/start-cluster.sh start   # then: rollart run flows/quickstart.yaml --scheduler tcp://127.0.0.1:8786
 #   deploy/local/start-cluster.sh stop
 set -euo pipefail
@@ -11,14 +11,14 @@ export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False
 
 worker() {  # name, resources, nthreads, torch threads
   OMP_NUM_THREADS=$4 nohup dask worker "tcp://127.0.0.1:$PORT" --name "$1" --resources "$2" --nthreads "$3" \
-    --memory-limit 0 > "$RUN_DIR/$1.log" 2>&1 &
+    --memory-limit 0 --host 127.0.0.1 --dashboard-address 127.0.0.1:0 > "$RUN_DIR/$1.log" 2>&1 &
   echo $! >> "$RUN_DIR/pids"
 }
 
 case "${1:-start}" in
   start)
     : > "$RUN_DIR/pids"
-    nohup dask scheduler --host 127.0.0.1 --port "$PORT" > "$RUN_DIR/scheduler.log" 2>&1 &
+    nohup dask scheduler --host 127.0.0.1 --port "$PORT" --dashboard-address 127.0.0.1:8787 > "$RUN_DIR/scheduler.log" 2>&1 &
     echo $! >> "$RUN_DIR/pids"
     sleep 3
     worker train-0 "H800=$BIG TRAIN=$BIG" 2 1

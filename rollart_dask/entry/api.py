@@ -20,19 +20,24 @@ def write_effective(cfg: FlowConfig, out: Path, extra: dict) -> None:
     (out / "flow.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None, on_ready=None) -> dict:
+async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None, on_ready=None, security=None) -> dict:
     """Run a flow to its end. ``on_ready(run)`` is called once set-up is done (before the first
-    evaluation); ``on_step(run)`` after every evaluation and training step."""
+    evaluation); ``on_step(run)`` after every evaluation and training step. ``security``: a distributed
+    Security for ``cluster.scheduler`` (else the flow's ``cluster.security``)."""
     from rollart_dask.resource.cluster import connect
+    from rollart_dask.resource.security import MOONCAKE_TRANSPORT, describe
     from rollart_dask.control.run import Run
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     model_dir = prepare_model(cfg)
-    client, cluster = await connect(cfg.cluster)
+    client, cluster = await connect(cfg.cluster, security)
     run = None
     try:
-        console.print(f"dashboard: {client.dashboard_link}")
+        for line in describe(cfg.cluster, client.scheduler.address, client.dashboard_link):
+            console.print(line)
+        if cfg.weights.store == "mooncake":
+            console.print(MOONCAKE_TRANSPORT)
         # the embedded default's serverless rewards go to a local Lambda endpoint started for the run
         run = Run(cfg, client, out, model_dir, resume=resume, start_endpoint=start_local_endpoint)
         run.dashboard_url, why = await dashboard.register(client)

@@ -24,7 +24,7 @@ def main():
 @main.command()
 @click.argument("flow", type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, e.g. --set rollout.alpha=2")
-@click.option("--scheduler", default=None, metavar="ADDR", help="attach to an existing Dask scheduler (tcp://host:8786)")
+@click.option("--scheduler", default=None, metavar="ADDR", help="attach to an existing Dask scheduler (tcp://host:8786, or tls://host:8786 with the flow's cluster.security)")
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="output directory (default runs/<flow>-<time>)")
 @click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --out")
 def run(flow, overrides, scheduler, out, resume):
@@ -35,11 +35,9 @@ def run(flow, overrides, scheduler, out, resume):
     from rollart_dask.observe import console, summary_table
 
     try:
-        cfg = load_flow(flow, list(overrides))
+        cfg = load_flow(flow, [*overrides, *([f"cluster.scheduler={scheduler}"] if scheduler else [])])
     except FlowError as e:
         raise click.ClickException(str(e))
-    if scheduler:
-        cfg.cluster.scheduler = scheduler
     if resume and not out:
         raise click.ClickException("--resume needs --out DIR (the run to continue)")
     out_dir = Path(out or f"runs/{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -246,16 +244,19 @@ def cluster():
 @click.argument("flow", required=False, type=click.Path(dir_okay=False))
 def cluster_up(flow):
     """Start the local heterogeneous pools (from FLOW's cluster section) and wait; Ctrl-C stops them."""
-    from rollart_dask.resource.cluster import connect
     from rollart_dask.config import ClusterConfig
+    from rollart_dask.observe import console
+    from rollart_dask.resource.cluster import connect
     from rollart_dask.resource.pools import PoolMap
+    from rollart_dask.resource.security import describe
 
     cfg = load_flow(flow).cluster if flow else ClusterConfig()
 
     async def up():
         client, cl = await connect(cfg)
         info = await client.scheduler.identity()
-        click.echo(f"scheduler: {client.scheduler.address}\ndashboard: {client.dashboard_link}")
+        for line in describe(cfg, client.scheduler.address, client.dashboard_link):
+            console.print(line)
         click.echo("workers: " + PoolMap.from_scheduler_info(info).describe())
         try:
             while True:
@@ -271,6 +272,18 @@ def cluster_up(flow):
         pass
 
 
+@cluster.command("certs")
+@click.argument("directory", type=click.Path(file_okay=False))
+def cluster_certs(directory):
+    """Write a CA, certificate and key (ca.pem, cert.pem, key.pem) to DIRECTORY for a TLS cluster (deploy/ recipes,
+    cluster.security); every node and the client use the same three files."""
+    from rollart_dask.resource.security import write_certificates
+
+    paths = write_certificates(directory)
+    click.echo("\n".join(f"{k}: {v}" for k, v in paths.items()))
+    click.echo("flow: cluster: {security: {" + ", ".join(f"{k}: {v}" for k, v in paths.items()) + "}}")
+
+
 @cluster.command("check")
 @click.argument("flow", required=False, type=click.Path(dir_okay=False))
 @click.option("--scheduler", default=None, metavar="ADDR", help="the scheduler to check (default: FLOW's cluster.scheduler, else the embedded cluster)")
@@ -280,16 +293,17 @@ def cluster_check(flow, scheduler, overrides):
     from rich.console import Console
 
     from rollart_dask.resource.cluster import connect
+    from pydantic import ValidationError
+
     from rollart_dask.resource.check import check_cluster, pools_table
     from rollart_dask.config import ClusterConfig
 
+    at = [f"cluster.scheduler={scheduler}"] if scheduler else []
     try:
-        cfg = load_flow(flow, list(overrides)) if flow else None
-    except FlowError as e:
+        cfg = load_flow(flow, [*overrides, *at]) if flow else None
+        ccfg = cfg.cluster.model_copy() if cfg else ClusterConfig.model_validate({"scheduler": scheduler})
+    except (FlowError, ValidationError) as e:
         raise click.ClickException(str(e))
-    ccfg = cfg.cluster.model_copy() if cfg else ClusterConfig()
-    if scheduler:
-        ccfg.scheduler = scheduler
 
     async def snapshot():
         client, cl = await connect(ccfg)
@@ -304,6 +318,8 @@ def cluster_check(flow, scheduler, overrides):
         address, info = asyncio.run(snapshot())
     except OSError as e:  # unreachable scheduler: distributed raises OSError after its connect timeout
         raise click.ClickException(f"cannot reach scheduler {ccfg.scheduler}: {e}")
+    except FlowError as e:  # e.g. a tls:// scheduler without certificates
+        raise click.ClickException(str(e))
     rows, problems = check_cluster(info, cfg)
     title = f"{address}: {len(info['workers'])} workers" + (f" — flow {cfg.name}" if cfg else "")
     out = Console()

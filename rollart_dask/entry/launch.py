@@ -20,8 +20,8 @@ class RunHandle:
     ``stop()`` (ends after the current step, publishes it, evaluates and checkpoints: nothing
     trained is lost), ``wait()`` / ``await run``, ``checkpoint_path``."""
 
-    def __init__(self, cfg: FlowConfig, out: Path, resume: bool = False):
-        self.cfg, self.out = cfg, Path(out)
+    def __init__(self, cfg: FlowConfig, out: Path, resume: bool = False, security=None):
+        self.cfg, self.out, self._security = cfg, Path(out), security
         self.result: dict | None = None
         self.error: BaseException | None = None
         self._run = None  # the loop's Run, once set up
@@ -44,7 +44,7 @@ class RunHandle:
             self._ready.set()
 
         try:
-            self.result = asyncio.run(run_flow(self.cfg, self.out, resume=resume, on_ready=ready))
+            self.result = asyncio.run(run_flow(self.cfg, self.out, resume=resume, on_ready=ready, security=self._security))
         except BaseException as e:  # reported by status / wait(), never swallowed
             self.error = e
         finally:
@@ -172,7 +172,10 @@ def launch(flow, client=None, out: str | Path | None = None, resume: bool = Fals
         cfg = load_flow(data=flow, overrides=over)
     else:
         cfg = load_flow(str(flow), over)
-    if client is not None:
+    security = None
+    if client is not None:  # its scheduler, with its certificates when TLS
+        security = client.security if client.scheduler.address.startswith("tls://") else None
+        cfg.cluster.security = None
         cfg.cluster.scheduler = client.scheduler.address
     out = Path(out) if out is not None else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return RunHandle(cfg, out, resume=resume)
+    return RunHandle(cfg, out, resume=resume, security=security)

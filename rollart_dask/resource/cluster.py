@@ -1,5 +1,6 @@
 """The embedded local heterogeneous cluster (SpecCluster of Nanny workers tagged by pool, the
-scheduler in a process of its own), or a connection to an existing scheduler."""
+scheduler in a process of its own), or a connection to an existing scheduler. Loopback only unless
+``cluster.listen`` exposes it, and then TLS (resource/security.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,21 +18,29 @@ from distributed.utils import Deadline
 
 from rollart_dask.config import ClusterConfig
 from rollart_dask.resource.pools import worker_resources
+from rollart_dask.resource.security import attach_security, embedded_security, host_of, is_loopback, scheduler_env
 
 
 SYSTEM_MONITOR = "distributed.admin.system-monitor.interval"
 NANNY_MONITOR_INTERVAL = "10s"
 
 
-def cluster_spec(cfg: ClusterConfig) -> dict:
+def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
+    """Every server binds ``cfg.listen`` (the workers' HTTP servers too); ``security``: TLS, else plain TCP."""
+    host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen
+    # the Mooncake transfer engine (store=mooncake) listens in every engine's and the trainer's process: there too
+    bind_env = {"MC_TCP_BIND_ADDRESS": cfg.listen} if is_loopback(cfg.listen) else {}
     workers = {}
     for w in cfg.workers:
         workers[w.name] = {
             "cls": Nanny,
             "options": {
+                "host": cfg.listen,
+                "dashboard_address": f"{host}:0",
+                "security": security,
                 "nthreads": w.nthreads,
                 "resources": worker_resources(list(w.pools)),
-                "env": {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", "OMP_NUM_THREADS": str(w.torch_threads), "MKL_NUM_THREADS": str(w.torch_threads), "TOKENIZERS_PARALLELISM": "false"},
+                "env": {**bind_env, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", "OMP_NUM_THREADS": str(w.torch_threads), "MKL_NUM_THREADS": str(w.torch_threads), "TOKENIZERS_PARALLELISM": "false"},
                 "memory_limit": 0,
                 "name": w.name,
                 # the worker samples its process as usual (the dashboard's CPU and memory); only its Nanny, which
@@ -39,22 +48,28 @@ def cluster_spec(cfg: ClusterConfig) -> dict:
                 "config": {SYSTEM_MONITOR: dask.config.get(SYSTEM_MONITOR)},
             },
         }
-    scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": {"dashboard_address": cfg.dashboard_address}}}
-    return {"workers": workers, "scheduler": scheduler}
+    kwargs = {"host": cfg.listen, "protocol": "tls" if security else "tcp", "dashboard_address": cfg.dashboard_address}
+    scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": kwargs, "env": scheduler_env(security)}}
+    return {"workers": workers, "scheduler": scheduler, "security": security}
 
 
 class SchedulerProcess(SubprocessScheduler):
     """The embedded scheduler in its own process, not in the client's: there it would share the client's
     event loop and GIL with every trajectory coroutine, and every message between them would be
     serialised and parsed twice in one process. Its output goes to ``log_path`` (distributed's own
-    SubprocessScheduler pipes it and never reads the pipe, which a scheduler that logs would fill)."""
+    SubprocessScheduler pipes it and never reads the pipe, which a scheduler that logs would fill).
+    ``env``: what this process alone is given (its TLS configuration)."""
+
+    def __init__(self, scheduler_kwargs: dict | None = None, env: dict | None = None, timeout: int = 30):
+        super().__init__(scheduler_kwargs, timeout)
+        self.extra_env = dict(env or {})
 
     async def _start(self):
         fd, self.log_path = tempfile.mkstemp(prefix="rollart-scheduler-", suffix=".log")
         spec = json.dumps({"cls": "distributed.Scheduler", "opts": self.scheduler_kwargs})
         # the client's sys.path, as multiprocessing gives the Nanny workers: functions the client sends the
         # scheduler (run_on_scheduler, plugins) unpickle by reference to modules it imported
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **self.extra_env)
         with os.fdopen(fd, "wb") as log:
             self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
                                                                 stdout=log, stderr=log, env=env)
@@ -74,23 +89,41 @@ class SchedulerProcess(SubprocessScheduler):
         Path(self.scheduler_kwargs["scheduler_file"]).unlink(missing_ok=True)
 
 
+class EmbeddedCluster(SpecCluster):
+    """The dashboard is bound apart from the cluster (cluster.dashboard_address): its link names its own host,
+    not the scheduler's (an exposed scheduler with a loopback dashboard)."""
+
+    dashboard_host: str = ""
+
+    @property
+    def dashboard_link(self):
+        link = super().dashboard_link
+        if link and self.dashboard_host and not self.dashboard_host.startswith("0.0.0.0") and self.dashboard_host != "::":
+            scheduler_host = self.scheduler_address.split("://")[1].split("/")[0].split(":")[0]
+            link = link.replace(f"//{scheduler_host}:", f"//{self.dashboard_host}:", 1)
+        return link
+
+
 async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.ERROR) -> SpecCluster:
     # Workers' INFO chatter (every client.run, every start/close) drowns a run's output.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]})
-    spec = cluster_spec(cfg)
+    spec = cluster_spec(cfg, embedded_security(cfg))
     # Every Nanny is a Server in the client's process, each sampling the machine with psutil twice a second for
     # nothing it shows (a few % of the client's core): once every 10 s there.
     with dask.config.set({SYSTEM_MONITOR: NANNY_MONITOR_INTERVAL}):
-        cluster = await SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], asynchronous=True, silence_logs=silence_logs,
-                                    name="rollart")
+        cluster = EmbeddedCluster(workers=spec["workers"], scheduler=spec["scheduler"], asynchronous=True, silence_logs=silence_logs,
+                                  name="rollart", security=spec["security"])
+        cluster.dashboard_host = host_of(cfg.dashboard_address)
+        await cluster
     return cluster
 
 
-async def connect(cfg: ClusterConfig):
-    """Return (client, cluster or None). Embedded cluster when no scheduler address is set."""
+async def connect(cfg: ClusterConfig, security=None):
+    """Return (client, cluster or None). Embedded cluster when no scheduler address is set; ``security``
+    (a distributed Security, e.g. an attaching client's) overrides the flow's for an existing scheduler."""
     if cfg.scheduler:
-        client = await Client(cfg.scheduler, asynchronous=True)
+        client = await Client(cfg.scheduler, asynchronous=True, security=attach_security(cfg, security))
         return client, None
     cluster = await start_local_cluster(cfg)
     client = await Client(cluster, asynchronous=True)

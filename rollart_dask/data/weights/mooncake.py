@@ -1,7 +1,8 @@
 """Mooncake: the local master for the embedded default, and one store client per worker process.
 
-``mooncake_master --enable_http_metadata_server`` is both the object-store master and the
-transfer engine's metadata server, so the embedded default needs no etcd. Each process that
+The embedded default runs ``mooncake_master`` (the object-store master) and the wheel's HTTP
+metadata server for the transfer engine, so it needs no etcd; both on 127.0.0.1 (the master's own
+metadata server binds every interface whatever ``--http_metadata_server_host`` says, so it is off). Each process that
 publishes or pulls (the trainer's, every engine's) sets up one client; it also lends
 ``segment_mb`` of its memory to the store, which is where published buckets live. The wheel
 here is ``mooncake-transfer-engine-non-cuda`` over TCP; on GPU clusters the CUDA/RDMA wheel
@@ -43,13 +44,14 @@ def master_binary() -> str:
 
 
 class LocalMaster:
-    """A ``mooncake_master`` subprocess on 127.0.0.1 for the run's lifetime (embedded default only)."""
+    """``mooncake_master`` and the transfer engine's metadata server, subprocesses on 127.0.0.1 for the run's
+    lifetime (embedded default only)."""
 
     def __init__(self, log_path: Path, lease_ms: int = 1000):
         self.rpc_port, self.http_port, self.metrics_port = _free_port(), _free_port(), _free_port()
         self.log_path = log_path
         self.lease_ms = lease_ms
-        self.proc: subprocess.Popen | None = None
+        self.procs: list[subprocess.Popen] = []
 
     @property
     def master(self) -> str:
@@ -60,17 +62,21 @@ class LocalMaster:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
     def start(self, timeout_s: float = 20) -> "LocalMaster":
-        cmd = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1", "--enable_http_metadata_server=true",
-               "--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={self.http_port}",
-               "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ms}"]
+        master = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1", "--enable_http_metadata_server=false",
+                  "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ms}"]
+        metadata = [sys.executable, "-m", "mooncake.http_metadata_server", "--host=127.0.0.1", f"--port={self.http_port}", "--log-level=WARNING"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # its periodic metrics go to a file, never to an unread pipe
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log = open(self.log_path, "ab")  # their periodic metrics go to a file, never to an unread pipe
+        self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) for cmd in (master, metadata)]
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:  # ready once both the RPC and the metadata ports accept
-            if self.proc.poll() is not None:
-                raise MooncakeError(f"mooncake_master exited with {self.proc.returncode} at start; see {self.log_path}")
+            for proc, cmd in zip(self.procs, (master, metadata)):
+                if proc.poll() is not None:
+                    code = proc.returncode
+                    self.stop()
+                    raise MooncakeError(f"{Path(cmd[0]).name if cmd is master else 'the mooncake metadata server'} exited with {code} "
+                                        f"at start; see {self.log_path}")
             if all(_accepts(p) for p in (self.rpc_port, self.http_port)):
                 return self
             time.sleep(0.1)
@@ -78,14 +84,15 @@ class LocalMaster:
         raise MooncakeError(f"mooncake_master did not listen on ports {self.rpc_port}/{self.http_port} within {timeout_s:.0f} s; see {self.log_path}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.procs = []
 
 
 def _accepts(port: int) -> bool:
