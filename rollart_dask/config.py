@@ -169,6 +169,8 @@ class RolloutConfig(Strict):
     coalesce_inflight: int = Field(2, ge=1, description="with coalesce: batch futures in flight per service; later calls join the next batch")
     generate_timeout_s: float = Field(60, gt=0, description="per generate call (a timed-out request is aborted in the engine)")
     env_timeout_s: float = Field(30, gt=0, description="per env reset/step call")
+    worker_wait_s: float = Field(120, gt=0, description="how long work for a pool left without workers (lost; a Nanny restart or a "
+                                                       "replacement may come) waits for one before it fails")
     reward_timeout_s: float = Field(30, gt=0, description="per reward call")
     retries: int = Field(2, ge=0, description="retry budget per env/reward call")
     max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
@@ -258,6 +260,14 @@ class WarmStartConfig(Strict):
         return self
 
 
+class EndpointFaults(Strict):
+    throttle: float = Field(0.0, ge=0, le=1, description="share of invocations answered 429 TooManyRequests")
+    error: float = Field(0.0, ge=0, le=1, description="share answered 500 ServiceException")
+    slow: float = Field(0.0, ge=0, le=1, description="share answered slow_s late")
+    slow_s: float = Field(1.0, gt=0)
+    seed: int = 0
+
+
 class RewardConfig(Strict):
     mode: Literal["local", "serverless"] = Field("local", description="local: reward functions run on a dedicated worker (pool REWARD, the "
                                                   "paper's baseline); serverless: SERVERLESS-pool tasks invoke them through the AWS Lambda API (boto3)")
@@ -272,6 +282,8 @@ class RewardConfig(Strict):
     concurrency: int | None = Field(None, ge=1, description="serverless: reserved concurrency per function (over it: throttled, retried)")
     keep_warm_s: float = Field(60, gt=0, description="local endpoint: idle execution environments retire after this many seconds "
                                                      "(emulated seconds in an emulated flow: × emulation.time_scale on the wall clock)")
+    endpoint_faults: EndpointFaults | None = Field(None, description="EMULATED (the chaos suite): the local endpoint answers 429, 500 or late "
+                                                                   "at these rates; only with the local endpoint (serverless, no endpoint_url)")
     invoke_retries: int = Field(6, ge=0, description="serverless: retries with backoff and jitter on throttles, 5xx and timeouts")
     invoke_threads: int = Field(16, ge=1, description="serverless: concurrent invocations per reward caller task")
     judge_model: str = Field("smollm2", description="stateful rewards (e.g. judge), run on the REWARD pool in either mode: the judge engine's model — "
@@ -284,6 +296,9 @@ class RewardConfig(Strict):
         m = self.judge_model
         if m not in ("smollm2", "policy") and not (Path(m).expanduser() / "config.json").is_file():
             raise ValueError(f"reward.judge_model: {m!r} is not 'smollm2', 'policy' or a Hugging Face model directory (no config.json in it)")
+        if self.endpoint_faults is not None and (self.mode != "serverless" or self.endpoint_url is not None):
+            raise ValueError("reward.endpoint_faults injects faults into the local endpoint: it needs reward.mode=serverless and no "
+                             f"reward.endpoint_url (got mode={self.mode}, endpoint_url={self.endpoint_url})")
         return self
 
 

@@ -14,6 +14,8 @@ Rules (DESIGN.md §6):
   aborted (running) or evicted (finished), counted, and replaced.
 - Fairness (``fairness="task"``, control/fairness.py): batches are filled by a per-task quota that keeps
   the admitted mix, and stale replacements are not charged to ``max_relaunch``.
+- Accounting: every trajectory id launched ends in exactly one outcome of ``OUTCOMES`` (``ledger``);
+  ``account()`` adds what is still running or finished-but-untrained when asked.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from rollart_dask.control.fairness import FAIRNESS, mix_shift, quota
 from rollart_dask.types import Trajectory
 
 RUNNING, KEPT, CANCELLED, FAILED, STALE = "running", "kept", "cancelled", "failed", "stale"
+# where a launched trajectory ends: trained, or why not (the last two only while the run goes on, or at its end)
+OUTCOMES = ("trained", "aborted_stale", "evicted_stale", "redundant", "failed", "dropped_with_group", "in_flight", "finished_untrained")
 
 
 @dataclass
@@ -69,6 +73,8 @@ class SampleBuffer:
         self.dropped_of: Counter = Counter()  # task → groups dropped
         self.trained: Counter = Counter()  # task → groups taken for training
         self.mix_at_take: dict = mix_shift(self.launched, self.trained)  # the mix as the last batch was taken (launches go on after)
+        self.ledger: dict[str, str] = {}  # trajectory id → its outcome, once it has one
+        self.members_launched = 0
 
     # -- events ---------------------------------------------------------------------------
     def open_group(self, group_id: str, task: str, seed: int, size: int | None = None) -> Orders:
@@ -99,6 +105,7 @@ class SampleBuffer:
                 g.members[t] = CANCELLED
                 orders.cancel.append(t)
                 self.counts["redundant_dropped"] += 1
+                self._end(t, "redundant")
             self.complete.append(g.id)
         return orders
 
@@ -108,6 +115,7 @@ class SampleBuffer:
             return Orders()
         g.members[traj_id] = FAILED
         self.counts[reason] += 1
+        self._end(traj_id, "failed")
         return self._refill(g)
 
     def enforce_staleness(self, policy_version: int) -> Orders:
@@ -122,9 +130,11 @@ class SampleBuffer:
                 if g.members[t] == RUNNING:
                     orders.cancel.append(t)
                     self.counts["aborted_stale"] += 1
+                    self._end(t, "aborted_stale")
                 else:
                     g.kept = [k for k in g.kept if k.id != t]
                     self.counts["evicted_stale"] += 1
+                    self._end(t, "evicted_stale")
                 g.members[t] = STALE
             if g.id in self.complete and len(g.kept) < g.size:
                 self.complete.remove(g.id)
@@ -144,6 +154,9 @@ class SampleBuffer:
         chosen = set(ids)
         self.complete = [i for i in self.complete if i not in chosen]
         out = [self.groups.pop(i) for i in ids]
+        for g in out:
+            for t in g.kept:
+                self._end(t.id, "trained")
         self.counts["groups_trained"] += len(out)
         self.trained.update(g.task for g in out)
         self.mix_at_take = self.mix()
@@ -170,6 +183,17 @@ class SampleBuffer:
         """Groups opened and not dropped: what the launcher's admission bound counts."""
         return self.opened - self.dropped
 
+    def account(self) -> dict:
+        """Launched trajectories by outcome (``OUTCOMES``), those still running or finished but untrained included;
+        ``unaccounted`` (launched, no outcome) and ``conflicts`` (a second outcome for one id) are 0 when nothing is lost."""
+        out = Counter(self.ledger.values())
+        for g in self.groups.values():
+            for t, state in g.members.items():
+                if t not in self.ledger:
+                    out["in_flight" if state == RUNNING else "finished_untrained"] += 1
+        return {"launched": self.members_launched, **{k: out[k] for k in OUTCOMES},
+                "unaccounted": self.members_launched - sum(out.values()), "conflicts": self.counts["ledger_conflicts"]}
+
     def in_flight(self) -> list[str]:
         return [t for g in self.groups.values() for t in g.running()]
 
@@ -181,7 +205,14 @@ class SampleBuffer:
         tid = f"{g.id}/{g.next_index}"
         g.next_index += 1
         g.members[tid] = RUNNING
+        self.members_launched += 1
         return g.id, tid
+
+    def _end(self, traj_id: str, outcome: str) -> None:
+        if traj_id in self.ledger:
+            self.counts["ledger_conflicts"] += 1
+            return
+        self.ledger[traj_id] = outcome
 
     def _refill(self, g: Group, stale: bool = False) -> Orders:
         need = g.size - len(g.kept) - len(g.running())
@@ -200,6 +231,8 @@ class SampleBuffer:
         orders = Orders(cancel=g.running())
         for t in orders.cancel:
             g.members[t] = CANCELLED
+        for t in [t for t, state in g.members.items() if state in (RUNNING, CANCELLED, KEPT) and t not in self.ledger]:
+            self._end(t, "dropped_with_group")
         self.groups.pop(g.id, None)
         if g.id in self.complete:
             self.complete.remove(g.id)

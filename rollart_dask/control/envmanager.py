@@ -5,6 +5,8 @@ buffer relaunches it elsewhere (counted)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import Counter
 
 from rollart_dask.config import EngineConfig, RolloutConfig, TaskConfig, task_pool
@@ -94,9 +96,16 @@ class EnvManager:
     async def _place(self, task: TaskConfig) -> str:
         """The least-loaded env worker with a free slot for this task (waits while all are full)."""
         limit = task.env_concurrency
+        deadline = None
         while True:
-            if not self.env_workers:
-                raise WorkerLost("no env worker left in pool CPU")
+            if not self.env_workers:  # lost; its Nanny or a replacement may bring one back: wait, never spin relaunches
+                deadline = deadline or time.monotonic() + self.rollout.worker_wait_s
+                if time.monotonic() >= deadline:
+                    raise WorkerLost(f"no env worker in pool CPU for rollout.worker_wait_s={self.rollout.worker_wait_s:.0f} s")
+                self._freed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), deadline - time.monotonic())
+                continue
             free = [a for a in self.env_workers if limit is None or self.envs_of[a, task.name] < limit]
             if free:
                 return min(free, key=lambda a: self.envs_on[a])

@@ -115,7 +115,8 @@ class RewardPlane:
                 raise RuntimeError("reward.mode=serverless without reward.endpoint_url needs a local endpoint started for the run: "
                                    "run the flow through rollart_dask.entry.api.run_flow (or `rollart run`), or set reward.endpoint_url")
             self.endpoint = await asyncio.to_thread(self.start_endpoint, host="127.0.0.1", port=0, state_dir=str(self.out / "lambda"),
-                                                    keep_warm_s=self.keep_warm_wall_s(), mode="process")
+                                                    keep_warm_s=self.keep_warm_wall_s(), mode="process",
+                                                    faults=r.endpoint_faults.model_dump() if r.endpoint_faults else None)
             self.url = self.endpoint.url
             console.print(f"reward endpoint (local, Lambda API): {self.url}")
         else:

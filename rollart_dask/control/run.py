@@ -62,6 +62,7 @@ class Run:
         self.syncs: list[dict] = []  # one per weight installation: when, from and to which version, phase times
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
         self.dashboard_url: str | None = None  # the RollArt page, when the entry point registered it
+        self.cluster = None  # the embedded cluster, when the entry point started one (None: attached)
         self.services: wiring.Services | None = None
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)
@@ -235,6 +236,7 @@ class Run:
         s = self.services
         with phases.phase(self._step_span, "train"):
             self.trained_ids += [t.id for g in groups for t in g.kept]
+            self.counts["trained_without_reward"] += sum("reward" not in t.info for g in groups for t in g.kept)  # (never: scored only)
             samples, rec.batch = build_samples(groups, ADVANTAGES.get(self.cfg.trainer.advantage))
             stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
@@ -340,10 +342,15 @@ class Run:
             ckpt = await self.checkpoint()
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
                     "counts": {**self.buffer.counts, **self.counts, **s.em.counts}, "steps": self.published - self.launcher.base_version,
-                    "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(),
+                    "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "accounting": self.accounting(),
                     **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {})}  # totals at the last step
         finally:
             await self.stop()
+
+    def accounting(self) -> dict:
+        """Every launched trajectory by outcome (SampleBuffer.account), and what would mean a sample lost or made up."""
+        return {**self.buffer.account(), "trained_twice": len(self.trained_ids) - len(set(self.trained_ids)),
+                "trained_without_reward": self.counts["trained_without_reward"]}
 
     async def checkpoint(self, after=None) -> str:
         """Save an HF checkpoint of the trainer (ordered after the train future ``after``)."""

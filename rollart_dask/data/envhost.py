@@ -36,7 +36,9 @@ class EnvHost:
 
     def __init__(self, threads: int = 512):
         self.envs: dict[str, object] = {}
-        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0, "superseded": 0}
+        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0, "superseded": 0,
+                      "envs_made": 0, "envs_closed": 0, "envs_closed_twice": 0}
+        self._live: set[int] = set()  # id() of every env made and not yet closed: each is closed exactly once
         # Every slow call on its own thread: envs wait on containers, networks and sandboxes far more than
         # they compute, and one slow env.step must not delay any other (see dispatch.py, streamed calls).
         # Enough threads for every env a worker holds to wait at once (eager α=4 puts 160 on each of two
@@ -79,7 +81,7 @@ class EnvHost:
             if attempt < self._attempt.get(tid, -1):
                 raise Superseded(f"reset attempt {attempt} of {tid} came after attempt {self._attempt[tid]}")
             remember(self._attempt, tid, attempt)  # kept after the episode: a late earlier attempt is still refused
-        env = make_env(item["env"], **item.get("env_args", {}))
+        env = self._make(item)
         try:
             if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
                 env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
@@ -89,7 +91,7 @@ class EnvHost:
             info = dict(info)
             info["action_choices"] = list(getattr(env, "action_choices", None) or [])
         except BaseException:
-            env.close()
+            self._close(env)
             self._count("resets", t0, done=False)
             raise
         with self._lock:
@@ -99,7 +101,7 @@ class EnvHost:
             else:
                 self.stats["superseded"] += 1
         if env is not None:
-            env.close()
+            self._close(env)
         if not current:
             raise Superseded(f"reset attempt {attempt} of {tid} was overtaken by a later attempt or a close")
         self._count("resets", t0)
@@ -138,7 +140,30 @@ class EnvHost:
         with self._lock:
             env = self.envs.pop(traj_id, None)
         if env is not None:
-            env.close()
+            self._close(env)
+
+    def _make(self, item: dict):
+        env = make_env(item["env"], **item.get("env_args", {}))
+        with self._lock:
+            self._live.add(id(env))
+            self.stats["envs_made"] += 1
+        return env
+
+    def _close(self, env) -> None:
+        """Every env is closed here (an Injected wrapper closes the env it wraps), counted once."""
+        with self._lock:
+            key = id(env.env if isinstance(env, Injected) else env)
+            if key not in self._live:
+                self.stats["envs_closed_twice"] += 1
+                return
+            self._live.discard(key)
+            self.stats["envs_closed"] += 1
+        env.close()
+
+    def open_envs(self) -> int:
+        """Envs made and not closed yet (0 once every trajectory it hosted has ended)."""
+        with self._lock:
+            return len(self._live)
 
 
 def remember(recent: OrderedDict, key, value, keep: int = 65536) -> None:

@@ -20,10 +20,12 @@ def write_effective(cfg: FlowConfig, out: Path, extra: dict) -> None:
     (out / "flow.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None, on_ready=None, security=None) -> dict:
+async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None, on_ready=None, security=None, on_stopped=None) -> dict:
     """Run a flow to its end. ``on_ready(run)`` is called once set-up is done (before the first
-    evaluation); ``on_step(run)`` after every evaluation and training step. ``security``: a distributed
-    Security for ``cluster.scheduler`` (else the flow's ``cluster.security``)."""
+    evaluation); ``on_step(run)`` after every evaluation and training step; ``await on_stopped(run)`` once
+    the run has stopped, before its cluster closes (also after a failure). ``security``: a distributed
+    Security for ``cluster.scheduler`` (else the flow's ``cluster.security``). ``run.cluster`` is the
+    embedded cluster (None when attached)."""
     from rollart_dask.resource.cluster import connect
     from rollart_dask.resource.security import MOONCAKE_TRANSPORT, describe
     from rollart_dask.control.run import Run
@@ -40,6 +42,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
             console.print(MOONCAKE_TRANSPORT)
         # the embedded default's serverless rewards go to a local Lambda endpoint started for the run
         run = Run(cfg, client, out, model_dir, resume=resume, start_endpoint=start_local_endpoint)
+        run.cluster = cluster
         run.dashboard_url, why = await dashboard.register(client)
         if why:
             console.print(f"[yellow]no RollArt dashboard page: {why} (it needs rollart_dask and bokeh where the scheduler runs)[/yellow]")
@@ -49,8 +52,10 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
             console.print(f"rollart page: {run.dashboard_url}")
         console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
         emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
+        if cfg.reward.endpoint_faults:
+            emulated["reward endpoint"] = f"faults {cfg.reward.endpoint_faults.model_dump()}"
         if emulated:
-            console.print(f"[bold yellow]EMULATED[/bold yellow] env latency/failure injection on tasks: {', '.join(emulated)}")
+            console.print(f"[bold yellow]EMULATED[/bold yellow] fault injection: {emulated}")
         if cfg.emulated:
             e = cfg.emulation
             pools = ", ".join(f"{p}: {ep.gpus}x{ep.gpu} tp{ep.tp}/worker" for p, ep in e.pools.items() if p in s.layout)
@@ -66,6 +71,8 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
     finally:
         if run is not None:  # set-up may have failed after starting a local mooncake_master or reward endpoint
             await run.stop()
+            if on_stopped is not None:
+                await on_stopped(run)
         await client.close()
         if cluster is not None:
             await cluster.close()

@@ -31,6 +31,7 @@ def run(flow, overrides, scheduler, out, resume):
     """Run FLOW (a YAML flow file) and train."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rollart_dask.control.buffer import OUTCOMES
     from rollart_dask.entry.api import run_sync
     from rollart_dask.observe import console, summary_table
 
@@ -89,9 +90,50 @@ def run(flow, overrides, scheduler, out, resume):
         rows.append(("response tokens", f"{t['generated']} generated, {t['trained']} trained ({t['wasted_share']:.1%} wasted: stale, redundant, "
                      f"failed, in flight); {t['discarded']} of interrupted turns discarded, {t['continued']} continued "
                      f"(rollout.partial={cfg.rollout.partial})"))
+    a = result.get("accounting")
+    if a:
+        ends = ", ".join(f"{a[k]} {k.replace('_', ' ')}" for k in OUTCOMES if a[k])
+        lost = a["unaccounted"] + a["conflicts"] + a["trained_twice"] + a["trained_without_reward"]
+        rows.append(("trajectories", f"{a['launched']} launched: {ends}; " + ("nothing lost" if not lost else
+                     f"[red]{a['unaccounted']} unaccounted, {a['conflicts']} with two outcomes, {a['trained_twice']} trained twice, "
+                     f"{a['trained_without_reward']} trained without a reward[/red]")))
     rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
     console.print(summary_table(f"{cfg.name} — summary", rows))
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+@main.command()
+@click.argument("flow", type=click.Path(dir_okay=False))
+@click.option("--scenario", default="all", show_default=True, help="a scenario name, or all (the baseline always runs first)")
+@click.option("--steps", default=6, show_default=True, help="training steps per run")
+@click.option("--seed", default=0, show_default=True, help="seed of the fault schedule")
+@click.option("--out", default="runs/chaos", show_default=True, type=click.Path(file_okay=False), help="one folder per scenario under it")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every scenario")
+def chaos(flow, scenario, steps, seed, out, overrides):
+    """Inject faults into real runs of FLOW on the embedded default and show that nothing is lost: per scenario, the
+    faults, whether the run completed, samples lost, steps redone, slowdown against the fault-free run, leaks."""
+    from rollart_dask.observe import console
+    from rollart_dask.tools.chaos.runner import TINY
+    from rollart_dask.tools.chaos.scenarios import select
+    from rollart_dask.tools.chaos.suite import markdown, run_suite, table
+
+    try:
+        base = load_flow(flow, list(overrides))
+        scenarios = select(scenario)
+    except (FlowError, ValueError) as e:
+        raise click.ClickException(str(e))
+    if base.cluster.scheduler:
+        raise click.ClickException("rollart chaos kills and adds workers of the embedded cluster: run it without cluster.scheduler")
+    budget = tuple(b for b in TINY if not b.startswith("trainer.steps=")) + (f"trainer.steps={steps}",)
+    out_dir = Path(out)
+    rows = run_suite(base, scenarios, out_dir, seed=seed, budget=budget, echo=console.print)
+    console.print(table(rows))
+    (out_dir / "table.md").write_text(markdown(rows))
+    console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'table.md'}")
+    bad = [r["scenario"] for r in rows if not r.get("completed") or r.get("samples_lost") or r.get("leaked_envs") or r.get("leaked_processes")
+           or r.get("leaked_containers") or r.get("inject_errors")]
+    if bad:
+        raise click.ClickException(f"scenarios that lost, leaked or failed: {', '.join(bad)}")
 
 
 @main.command()

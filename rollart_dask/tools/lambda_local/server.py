@@ -55,13 +55,13 @@ async def _start(host: str, port: int, service: LocalLambda, token: str | None) 
 
 def serve(host: str = "127.0.0.1", port: int = 9001, state_dir: str | Path | None = None, keep_warm_s: float = 300.0,
           default_concurrency: int | None = None, token: str | None = None, region: str = "us-east-1",
-          init_timeout_s: float = 10.0, on_ready=None, exit_with_parent: bool = False) -> None:
+          init_timeout_s: float = 10.0, on_ready=None, exit_with_parent: bool = False, faults: dict | None = None) -> None:
     """Run the endpoint until SIGINT/SIGTERM (blocking). ``token`` defaults to $ROLLART_LAMBDA_TOKEN;
     a non-loopback ``host`` without one raises ValueError. ``on_ready(url)`` is called once listening.
     ``exit_with_parent``: also stop when the parent process goes away (an embedded endpoint)."""
     token = check_token(host, token)
     service = LocalLambda(Path(state_dir) if state_dir else default_state_dir(), region, keep_warm_s, default_concurrency,
-                          init_timeout_s)
+                          init_timeout_s, faults=faults)
 
     async def main():
         stop = asyncio.Event()
@@ -96,10 +96,11 @@ def serve(host: str = "127.0.0.1", port: int = 9001, state_dir: str | Path | Non
 
 
 class LocalEndpoint:
-    """A running endpoint: ``url``, ``stop()``, ``stats()``; a context manager."""
+    """A running endpoint: ``url``, ``stop()``, ``stats()``; a context manager. ``process``: its child process
+    (mode="process"), which can be killed and restarted."""
 
-    def __init__(self, url: str, state_dir: Path, token: str | None, stop):
-        self.url, self.state_dir, self.token, self._stop = url, state_dir, token, stop
+    def __init__(self, url: str, state_dir: Path, token: str | None, stop, process: "EndpointProcess | None" = None):
+        self.url, self.state_dir, self.token, self._stop, self.process = url, state_dir, token, stop, process
 
     def stats(self) -> dict:
         import urllib.request
@@ -126,20 +127,20 @@ class LocalEndpoint:
 def start_local_endpoint(host: str = "127.0.0.1", port: int = 0, state_dir: str | Path | None = None,
                          keep_warm_s: float = 300.0, default_concurrency: int | None = None, token: str | None = None,
                          region: str = "us-east-1", init_timeout_s: float = 10.0, mode: str = "thread",
-                         ready_timeout_s: float = 30.0) -> LocalEndpoint:
+                         ready_timeout_s: float = 30.0, faults: dict | None = None) -> LocalEndpoint:
     """Start the endpoint in the background and return once it accepts requests; port 0 picks a free port.
 
     mode="thread": its own event loop in a daemon thread of this process (tests, light use).
     mode="process": a child process (``python -m rollart_dask.tools.lambda_local.server``), off this process's GIL.
-    state_dir=None: a fresh temporary directory.
+    state_dir=None: a fresh temporary directory. faults: EMULATED 429/500/slow answers (LocalLambda).
     """
     token = check_token(host, token)
     state = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="rollart-lambda-"))
     if mode == "process":
-        return _start_process(host, port, state, keep_warm_s, default_concurrency, token, region, init_timeout_s, ready_timeout_s)
+        return _start_process(host, port, state, keep_warm_s, default_concurrency, token, region, init_timeout_s, ready_timeout_s, faults)
     if mode != "thread":
         raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
-    service = LocalLambda(state, region, keep_warm_s, default_concurrency, init_timeout_s)
+    service = LocalLambda(state, region, keep_warm_s, default_concurrency, init_timeout_s, faults=faults)
     ready = threading.Event()
     box: dict = {}
 
@@ -175,35 +176,66 @@ def start_local_endpoint(host: str = "127.0.0.1", port: int = 0, state_dir: str 
     return LocalEndpoint(box["url"], state, token, stop)
 
 
-def _start_process(host, port, state, keep_warm_s, default_concurrency, token, region, init_timeout_s, ready_timeout_s):
-    cmd = [sys.executable, "-m", "rollart_dask.tools.lambda_local.server", "--host", host, "--port", str(port), "--state-dir", str(state),
+def _start_process(host, port, state, keep_warm_s, default_concurrency, token, region, init_timeout_s, ready_timeout_s, faults=None):
+    cmd = [sys.executable, "-m", "rollart_dask.tools.lambda_local.server", "--host", host, "--state-dir", str(state),
            "--keep-warm-s", str(keep_warm_s), "--region", region, "--init-timeout-s", str(init_timeout_s), "--print-url", "--exit-with-parent"]
     if default_concurrency:
         cmd += ["--default-concurrency", str(default_concurrency)]
+    if faults:
+        cmd += ["--faults", json.dumps(faults)]
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
     if token:
         env[TOKEN_ENV] = token  # not on the command line, where `ps` would show it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)
-    box: dict = {}
-    reader = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(ready_timeout_s)
-    url = (box.get("line") or "").strip()
-    if not url.startswith("http"):
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"the local Lambda endpoint process did not start (exit {proc.poll()})")
+    proc = EndpointProcess(cmd, env, ready_timeout_s)
+    return LocalEndpoint(proc.start(port), state, token, proc.stop, process=proc)
 
-    def stop():
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
+
+class EndpointProcess:
+    """The endpoint's child process; ``kill`` and ``restart`` (same port, same state directory: its functions
+    are still deployed) are what a fault looks like to its callers."""
+
+    def __init__(self, cmd: list[str], env: dict, ready_timeout_s: float):
+        self.cmd, self.env, self.ready_timeout_s = cmd, env, ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self, port: int) -> str:
+        proc = self.proc = subprocess.Popen([*self.cmd, "--port", str(port)], stdout=subprocess.PIPE, env=self.env, text=True)
+        box: dict = {}
+        reader = threading.Thread(target=lambda: box.setdefault("line", proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(self.ready_timeout_s)
+        url = (box.get("line") or "").strip()
+        if not url.startswith("http"):
             proc.kill()
             proc.wait()
+            raise RuntimeError(f"the local Lambda endpoint process did not start (exit {proc.poll()})")
+        self.port = int(url.rsplit(":", 1)[1])
+        return url
 
-    return LocalEndpoint(url, state, token, stop)
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> str:
+        self.kill()
+        return self.start(self.port)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def main(argv=None):
@@ -218,11 +250,13 @@ def main(argv=None):
     p.add_argument("--init-timeout-s", type=float, default=10.0)
     p.add_argument("--print-url", action="store_true", help="print the URL on stdout once listening")
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the parent process exits")
+    p.add_argument("--faults", type=json.loads, default=None, metavar="JSON",
+                   help='EMULATED faults: {"throttle": p, "error": p, "slow": p, "slow_s": s, "seed": n}')
     a = p.parse_args(argv)
     on_ready = (lambda url: print(url, flush=True)) if a.print_url else None
     try:
         serve(a.host, a.port, a.state_dir, a.keep_warm_s, a.default_concurrency, None, a.region, a.init_timeout_s, on_ready,
-              a.exit_with_parent)
+              a.exit_with_parent, a.faults)
     except ValueError as e:
         p.exit(2, f"error: {e}\n")
 

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -44,8 +45,13 @@ class LocalLambda:
     """The functions, their code and their pools; the HTTP layer is a thin shell around it."""
 
     def __init__(self, state_dir: Path, region: str = "us-east-1", keep_warm_s: float = 300.0,
-                 default_concurrency: int | None = None, init_timeout_s: float = 10.0, max_event_age_s: float = 60.0):
+                 default_concurrency: int | None = None, init_timeout_s: float = 10.0, max_event_age_s: float = 60.0,
+                 faults: dict | None = None):
         self.state_dir = Path(state_dir).resolve()  # file URIs in GetFunction need an absolute path
+        # EMULATED faults (the chaos suite): a synchronous invocation is answered 429, 500 or late at these rates
+        self.faults = {"throttle": 0.0, "error": 0.0, "slow": 0.0, "slow_s": 1.0, "seed": 0, **(faults or {})}
+        self._fault_rng = random.Random(self.faults["seed"])
+        self.injected = {"throttle": 0, "error": 0, "slow": 0}
         self.region, self.keep_warm_s, self.init_timeout_s, self.max_event_age_s = region, keep_warm_s, init_timeout_s, max_event_age_s
         self.default_concurrency = default_concurrency or 2 * (os.cpu_count() or 1)
         self.pools: dict[str, FunctionPool] = {}
@@ -325,6 +331,7 @@ class LocalLambda:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return Outcome(202, b"", {"x-amzn-RequestId": request_id})
+        await self._inject_fault()
         try:
             result, body, report = await self._run(pool, payload, request_id)
         except Throttled:
@@ -345,6 +352,20 @@ class LocalLambda:
         if log_type == "Tail":
             headers["X-Amz-Log-Result"] = self.report_tail(pool, report, request_id)
         return Outcome(200, body, headers)
+
+    async def _inject_fault(self) -> None:
+        """EMULATED (only when faults are set): throttle, fail or delay this invocation."""
+        f = self.faults
+        u = self._fault_rng.random()
+        if u < f["throttle"]:
+            self.injected["throttle"] += 1
+            raise LambdaError(429, "TooManyRequestsException", "Rate Exceeded. (EMULATED fault)", Reason="ConcurrentInvocationLimitExceeded")
+        if u < f["throttle"] + f["error"]:
+            self.injected["error"] += 1
+            raise LambdaError(500, "ServiceException", "EMULATED fault: the service failed this invocation")
+        if u < f["throttle"] + f["error"] + f["slow"]:
+            self.injected["slow"] += 1
+            await asyncio.sleep(f["slow_s"])
 
     async def _run_event(self, pool: FunctionPool, payload: bytes, request_id: str):
         """Asynchronous invocation: queued while throttled, dropped after max_event_age_s (no retries on errors)."""
@@ -387,5 +408,6 @@ class LocalLambda:
     def stats(self) -> dict:
         return {"uptime_s": round(time.monotonic() - self.started, 3), "requests": self.requests,
                 "auth_failures": self.auth_failures, "default_concurrency": self.default_concurrency,
-                "keep_warm_s": self.keep_warm_s, "functions": {n: p.snapshot() for n, p in self.pools.items()}}
+                "keep_warm_s": self.keep_warm_s, "functions": {n: p.snapshot() for n, p in self.pools.items()},
+                **({"emulated_faults": self.injected} if any(self.faults[k] for k in self.injected) else {})}
 

@@ -1,0 +1,116 @@
+"""Faults fired into a live run on the embedded default (the chaos suite; never part of a normal run).
+
+The injector watches the run from its own coroutine and fires each fault of its scenario when its moment
+comes (scenarios.py). Worker faults are what the scheduler would see of a machine: a worker process that
+dies at once (``os._exit``), which its Nanny restarts, or for good (the Nanny is told to stand down first).
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+from distributed import Nanny
+from distributed.core import Status
+
+from rollart_dask.config import ClusterConfig, WorkerSpec
+from rollart_dask.resource.cluster import cluster_spec
+from rollart_dask.tools.chaos.scenarios import Fault, Scenario
+
+
+async def _exit_now(dask_worker=None) -> None:  # runs on the worker: dies as a crashed machine would, mid-work
+    os._exit(1)
+
+
+class Injector:
+    def __init__(self, scenario: Scenario, seed: int = 0):
+        self.scenario, self.rng = scenario, random.Random(seed)
+        # [fault, its delay once its moment comes, when that moment came (None: not yet)]
+        self.pending = [[f, f.delay_s if f.delay_s is not None else self.rng.uniform(0.1, 0.6), None] for f in scenario.faults]
+        self.fired: list[dict] = []
+        self.errors: list[str] = []
+        self.run = None
+        self._task: asyncio.Task | None = None
+
+    def attach(self, run) -> None:
+        """``on_ready`` of run_flow: watch this run."""
+        self.run = run
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        run = self.run
+        while self.pending and not run.launcher.stopping:
+            await asyncio.sleep(0.02)
+            steps = run.published - run.launcher.base_version
+            for entry in list(self.pending):
+                fault, delay, due = entry
+                if due is None and steps >= fault.after_step and self._moment(fault):
+                    entry[2] = due = time.monotonic()
+                if due is not None and time.monotonic() - due >= delay:
+                    self.pending.remove(entry)
+                    await self._fire(fault, steps)
+
+    def _moment(self, fault: Fault) -> bool:
+        run = self.run
+        if fault.moment == "train":
+            return run._training is not None
+        if fault.moment == "update":
+            return run.services.proxy.suspended
+        return True
+
+    async def _fire(self, fault: Fault, steps: int) -> None:
+        t0 = time.monotonic()
+        try:
+            await getattr(self, fault.action)(fault.target)
+        except Exception as e:  # noqa: BLE001 - a fault that could not be injected is reported, never hidden
+            self.errors.append(f"{fault.describe()}: {type(e).__name__}: {e}")
+        self.fired.append({"fault": fault, "what": fault.describe(), "at_step": steps, "at_s": round(t0 - self.run.t_start, 2)})
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- actions ------------------------------------------------------------------------------------
+    async def _address(self, name: str) -> str:
+        info = (await self.run.client.scheduler.identity())["workers"]
+        found = [a for a, w in info.items() if w.get("name") == name]
+        if not found:
+            raise LookupError(f"no worker named {name} (workers: {sorted(w.get('name') for w in info.values())})")
+        return found[0]
+
+    async def restart_worker(self, name: str) -> None:
+        await self.run.client.run(_exit_now, workers=[await self._address(name)], wait=False)
+
+    async def lose_worker(self, name: str) -> None:
+        address = await self._address(name)
+        cluster = self.run.cluster
+        if cluster is None:
+            raise RuntimeError("lose_worker needs the embedded cluster (its Nanny must stand down)")
+        nanny = next((n for n in list(Nanny._instances) if n.worker_address == address), None)
+        if nanny is None:
+            raise LookupError(f"no Nanny of {name} in this process")
+        nanny.status = Status.closing_gracefully  # its worker's exit closes the Nanny instead of restarting it
+        cluster.worker_spec.pop(name, None)
+        await self.run.client.run(_exit_now, workers=[address], wait=False)
+
+    async def add_worker(self, target: str) -> None:
+        name, pools = target.split(":", 1)
+        cluster = self.run.cluster
+        spec = cluster_spec(ClusterConfig(listen=self.run.cfg.cluster.listen, workers=[WorkerSpec(name=name, pools=pools.split(","), nthreads=2)]),
+                            cluster.security)
+        cluster.worker_spec[name] = spec["workers"][name]
+        await cluster._correct_state()
+
+    async def kill_endpoint(self, _: str = "") -> None:
+        await asyncio.to_thread(self._endpoint().kill)
+
+    async def restart_endpoint(self, _: str = "") -> None:
+        await asyncio.to_thread(self._endpoint().restart)
+
+    def _endpoint(self):
+        endpoint = self.run.services.rewards.endpoint
+        if endpoint is None or endpoint.process is None:
+            raise RuntimeError("no local reward endpoint process in this run (reward.mode=serverless starts one)")
+        return endpoint.process

@@ -1,0 +1,54 @@
+"""The whole suite: the baseline first (each slowdown is against it), then every scenario, one fresh run
+each; results.json and the table (``rich`` for the terminal, Markdown for the README)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from rollart_dask.config import FlowConfig
+from rollart_dask.tools.chaos.runner import TINY, run_scenario
+from rollart_dask.tools.chaos.scenarios import Scenario
+
+COLUMNS = ("scenario", "faults injected", "run completed", "samples lost", "steps redone", "slowdown", "leaked envs / processes / containers")
+
+
+def run_suite(base: FlowConfig, scenarios: list[Scenario], out: Path, seed: int = 0, budget: tuple[str, ...] = TINY, echo=print) -> list[dict]:
+    rows = []
+    for i, scenario in enumerate(scenarios):
+        echo(f"chaos [{i + 1}/{len(scenarios)}] {scenario.name}: {scenario.description}")
+        row = run_scenario(base, scenario, out / scenario.name, seed=seed + i, budget=budget)
+        rows.append(row)
+        echo("  " + " | ".join(cells(row, rows[0])[1:]))
+        (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
+    return rows
+
+
+def cells(row: dict, baseline: dict) -> list[str]:
+    faults = "; ".join(row.get("faults") or []) or "none"
+    if row.get("emulated"):
+        faults = f"{faults if faults != 'none' else ''}{'; ' if faults != 'none' else ''}EMULATED {row['emulated']}"
+    if row.get("inject_errors"):
+        faults += f" (not injected: {'; '.join(row['inject_errors'])})"
+    done = "yes" if row.get("completed") else f"no: {row.get('error', '')}"
+    slow = (f"{row['elapsed_s'] / baseline['elapsed_s']:.2f}×" if row.get("completed") and baseline.get("completed") and baseline is not row
+            else ("1.00×" if baseline is row and row.get("completed") else "–"))
+    leaks = " / ".join("–" if v is None else str(v) for v in (row.get("leaked_envs"), row.get("leaked_processes"), row.get("leaked_containers")))
+    lost = str(row["samples_lost"]) if "samples_lost" in row else "–"
+    return [row["scenario"], faults, done, lost, str(row.get("steps_redone", 0)), slow, leaks]
+
+
+def table(rows: list[dict]) -> Table:
+    t = Table(title="chaos suite", show_lines=True)
+    for c in COLUMNS:
+        t.add_column(c, overflow="fold")
+    for row in rows:
+        t.add_row(*cells(row, rows[0]))
+    return t
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(row, rows[0])) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
