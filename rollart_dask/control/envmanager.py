@@ -224,6 +224,8 @@ class EnvManager:
 
     async def _close(self, tid: str, worker: str) -> None:
         try:
-            await self.d.call("env-close", tasks.env_close_batch, {"traj_id": tid}, pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s)
+            # a call still holding the env after env_timeout_s has outlived its caller: the close ends it
+            await self.d.call("env-close", tasks.env_close_batch, {"traj_id": tid, "hung_after_s": self.rollout.env_timeout_s}, pool="CPU",
+                              worker=worker, timeout=2 * self.rollout.env_timeout_s)
         except Exception:
             pass  # best effort: the env host also drops envs when a worker restarts

@@ -373,7 +373,7 @@ class Run:
             await self.launcher.stop()
         await asyncio.gather(*self._bg, return_exceptions=True)
         if self.services is not None:  # the cancelled trajectories' envs are closed before the channels shut
-            left = await self.services.em.closes_done(timeout=self.cfg.rollout.env_timeout_s)
+            left = await self.services.em.closes_done(timeout=2 * self.cfg.rollout.env_timeout_s)  # (one may wait out a hung call)
             if left:
                 console.print(f"[yellow]{left} env closes got no answer within rollout.env_timeout_s "
                               f"({self.cfg.rollout.env_timeout_s:.0f} s): their envs may outlive the run[/yellow]")

@@ -37,8 +37,9 @@ class EnvHost:
     def __init__(self, threads: int = 512):
         self.envs: dict[str, object] = {}
         self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0, "superseded": 0,
-                      "envs_made": 0, "envs_closed": 0, "envs_closed_twice": 0}
+                      "envs_made": 0, "envs_closed": 0}
         self._live: set[int] = set()  # id() of every env made and not yet closed: each is closed exactly once
+        self._resetting: dict[str, list] = {}  # trajectory → the envs its reset attempts in progress are making
         # Every slow call on its own thread: envs wait on containers, networks and sandboxes far more than
         # they compute, and one slow env.step must not delay any other (see dispatch.py, streamed calls).
         # Enough threads for every env a worker holds to wait at once (eager α=4 puts 160 on each of two
@@ -59,14 +60,18 @@ class EnvHost:
             self.stats["busy_s"] += dt  # env-seconds: over 1 per wall second when calls overlap
 
     @contextmanager
-    def _turn(self, traj_id: str):
+    def _turn(self, traj_id: str, wait_s: float = -1):
+        """The trajectory's turn: its calls one at a time. ``wait_s`` ≥ 0: go ahead anyway after that long (a close
+        must not wait for a call that hangs; closing the env is what ends it)."""
         with self._lock:
             entry = self._turns.setdefault(traj_id, [threading.Lock(), 0])
             entry[1] += 1
+        got = entry[0].acquire(timeout=wait_s)
         try:
-            with entry[0]:
-                yield
+            yield
         finally:
+            if got:
+                entry[0].release()
             with self._lock:
                 entry[1] -= 1
                 if entry[1] == 0:
@@ -82,9 +87,12 @@ class EnvHost:
                 raise Superseded(f"reset attempt {attempt} of {tid} came after attempt {self._attempt[tid]}")
             remember(self._attempt, tid, attempt)  # kept after the episode: a late earlier attempt is still refused
         env = self._make(item)
+        with self._lock:  # an earlier attempt still in progress (hung: this one is its retry) is overtaken: end it now
+            overtaken, self._resetting[tid] = self._resetting.get(tid, []), [env]
+        for old in overtaken:
+            self._close(old)
         try:
             if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
-                env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
                 obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
             else:
                 obs, info = env.reset(seed=item["seed"])
@@ -94,6 +102,12 @@ class EnvHost:
             self._close(env)
             self._count("resets", t0, done=False)
             raise
+        finally:
+            with self._lock:
+                if env in self._resetting.get(tid, ()):
+                    self._resetting[tid].remove(env)
+                    if not self._resetting[tid]:
+                        del self._resetting[tid]
         with self._lock:
             current = self._attempt.get(tid) == attempt and tid not in self._closed
             if current:  # kept; an earlier attempt's env, if any, is closed instead
@@ -128,12 +142,16 @@ class EnvHost:
         self._count("steps", t0)
         return obs, float(reward), bool(terminated), bool(truncated), dict(info)
 
-    def close(self, traj_id: str) -> None:
-        """The control plane is done with this trajectory (cancelled or failed): after any step in progress,
-        its env is closed, and a reset attempt still running or yet to come closes its own."""
+    def close(self, traj_id: str, hung_after_s: float = 5.0) -> None:
+        """The control plane is done with this trajectory (cancelled or failed): after any step in progress (one
+        still running after ``hung_after_s`` is hung: closing its env ends it), its env is closed; a reset attempt
+        still running has its env closed now, one yet to come closes its own."""
         with self._lock:
             remember(self._closed, traj_id, None)  # at once: a reset finishing meanwhile sees it
-        with self._turn(traj_id):
+            resetting = self._resetting.pop(traj_id, [])
+        for env in resetting:
+            self._close(env)
+        with self._turn(traj_id, wait_s=hung_after_s):
             self._drop(traj_id)
 
     def _drop(self, traj_id: str) -> None:
@@ -144,17 +162,18 @@ class EnvHost:
 
     def _make(self, item: dict):
         env = make_env(item["env"], **item.get("env_args", {}))
+        if item.get("inject"):  # EMULATED latency/failures for ablations (its close closes the env it wraps)
+            env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
         with self._lock:
             self._live.add(id(env))
             self.stats["envs_made"] += 1
         return env
 
     def _close(self, env) -> None:
-        """Every env is closed here (an Injected wrapper closes the env it wraps), counted once."""
+        """Every env is closed here, exactly once (several paths may end one env: a close, its hung reset waking)."""
         with self._lock:
-            key = id(env.env if isinstance(env, Injected) else env)
+            key = id(env)
             if key not in self._live:
-                self.stats["envs_closed_twice"] += 1
                 return
             self._live.discard(key)
             self.stats["envs_closed"] += 1

@@ -173,12 +173,19 @@ def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
 
 def env_reset_stream(items: list[dict], reply) -> int:
     host = service(ENVHOST)
-    return _start(host.reset, items, reply, host.pool, lambda item: speed(ENVHOST, "reset", item["env"], bool(item.get("inject"))))
+    return _start(host.reset, items, reply, host.pool,
+                  lambda item: _NEVER_INLINE if item.get("inject") else speed(ENVHOST, "reset", item["env"]))
 
 
 def env_step_stream(items: list[dict], reply) -> int:
     host = service(ENVHOST)
-    return _start(host.step, items, reply, host.pool, lambda item: speed(ENVHOST, "step", host.kind(item["traj_id"])))
+    return _start(host.step, items, reply, host.pool, lambda item: _step_speed(host.kind(item["traj_id"])))
+
+
+def _step_speed(kind: str) -> "Speed":
+    # EMULATED envs sleep and hang on purpose: on the worker's event loop a hang would stall every call of the worker
+    # (and its heartbeats) for its whole length, so they always take a thread of the pool
+    return _NEVER_INLINE if kind == "Injected" else speed(ENVHOST, "step", kind)
 
 
 def generate_stream(items: list[dict], reply) -> int:
@@ -246,8 +253,10 @@ def service_stats(dask_worker=None) -> dict:
 
 
 def env_close_batch(items: list[dict], reply=None):
+    """Together, on the host's threads: a close that waits out a hung call must not hold back the others."""
     host = service(ENVHOST)
-    return _reply(items, _per_item(lambda item: host.close(item["traj_id"]), items), reply)
+    close = lambda item: host.close(item["traj_id"], item.get("hung_after_s", 5.0))  # noqa: E731
+    return _reply(items, _per_item(close, items, map_=host.pool.map), reply)
 
 
 # -- prefill/decode disaggregation (rollout.pd): the two tasks of a disaggregated generate call ------------

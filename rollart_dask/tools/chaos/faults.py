@@ -34,30 +34,39 @@ class Injector:
         self._task: asyncio.Task | None = None
 
     def attach(self, run) -> None:
-        """``on_ready`` of run_flow: watch this run."""
+        """``on_ready`` of run_flow: watch this run. A fault for mid-Train fires as the Train is submitted, one for
+        mid-update as the engines are told to swap (the run's own calls, wrapped): no poll could catch a short one."""
         self.run = run
         self._task = asyncio.ensure_future(self._watch())
+        for moment, owner, method in (("train", run, "train"), ("update", run.services.proxy, "update_weights")):
+            if any(f.moment == moment for f, _, _ in self.pending):
+                setattr(owner, method, self._hooked(moment, getattr(owner, method)))
+
+    def _hooked(self, moment: str, call):
+        async def hooked(*args, **kwargs):
+            out = None
+            if moment == "train":  # the Train is in flight once submitted: fire after
+                out = await call(*args, **kwargs)
+            for entry in [e for e in self.pending if e[0].moment == moment and self._steps() >= e[0].after_step]:
+                self.pending.remove(entry)
+                await self._fire(entry[0], self._steps())
+            return out if moment == "train" else await call(*args, **kwargs)
+        return hooked
+
+    def _steps(self) -> int:
+        return self.run.published - self.run.launcher.base_version
 
     async def _watch(self) -> None:
         run = self.run
         while self.pending and not run.launcher.stopping:
             await asyncio.sleep(0.02)
-            steps = run.published - run.launcher.base_version
-            for entry in list(self.pending):
+            for entry in [e for e in self.pending if e[0].moment == "rollout"]:
                 fault, delay, due = entry
-                if due is None and steps >= fault.after_step and self._moment(fault):
+                if due is None and self._steps() >= fault.after_step:
                     entry[2] = due = time.monotonic()
                 if due is not None and time.monotonic() - due >= delay:
                     self.pending.remove(entry)
-                    await self._fire(fault, steps)
-
-    def _moment(self, fault: Fault) -> bool:
-        run = self.run
-        if fault.moment == "train":
-            return run._training is not None
-        if fault.moment == "update":
-            return run.services.proxy.suspended
-        return True
+                    await self._fire(fault, self._steps())
 
     async def _fire(self, fault: Fault, steps: int) -> None:
         t0 = time.monotonic()

@@ -21,7 +21,7 @@ from rollart_dask.config import FlowConfig, load_flow
 from rollart_dask.tools.chaos.faults import Injector
 from rollart_dask.tools.chaos.scenarios import Scenario
 
-TINY = ("trainer.steps=6", "rollout.batch_groups=4", "eval.every=0", "eval.seeds=10", "observe.progress=false", "trainer.max_minutes=null")
+TINY = ("trainer.steps=10", "rollout.batch_groups=8", "eval.every=0", "eval.seeds=10", "observe.progress=false", "trainer.max_minutes=null")
 
 
 def scenario_flow(base: FlowConfig, scenario: Scenario, budget: tuple[str, ...]) -> FlowConfig:
@@ -59,18 +59,23 @@ def _env_host_counts(dask_worker=None) -> dict:
     service = getattr(plugin, "service", None)
     if service is None:
         return {}
-    return {**{k: service.stats[k] for k in ("envs_made", "envs_closed", "envs_closed_twice")}, "open": service.open_envs()}
+    return {"envs_made": service.stats["envs_made"], "envs_closed": service.stats["envs_closed"], "open": service.open_envs()}
 
 
-async def env_hosts(run) -> dict:
-    """Summed over the env workers alive at the end (a lost worker's envs went with its process)."""
+async def env_hosts(run, settle_s: float = 10.0) -> dict:
+    """Summed over the env workers alive once the run has stopped (a lost worker's envs went with its process). A
+    close that had to wait out a hung call may still be on its way: ``open`` is read again until 0 or ``settle_s``."""
     cpu = [a for a, w in (await run.client.scheduler.identity())["workers"].items() if "CPU" in w.get("resources", {})]
-    per = await run.client.run(_env_host_counts, workers=cpu)
-    out = {"envs_made": 0, "envs_closed": 0, "envs_closed_twice": 0, "open": 0}
-    for counts in per.values():
-        for k in out:
-            out[k] += counts.get(k, 0)
-    return out
+    deadline = time.monotonic() + settle_s
+    while True:
+        per = await run.client.run(_env_host_counts, workers=cpu)
+        out = {"envs_made": 0, "envs_closed": 0, "open": 0}
+        for counts in per.values():
+            for k in out:
+                out[k] += counts.get(k, 0)
+        if not out["open"] or time.monotonic() > deadline:
+            return out
+        await asyncio.sleep(0.5)
 
 
 # -- one scenario ---------------------------------------------------------------------------------------
@@ -150,11 +155,11 @@ def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed:
     summary = json.loads((out / "run" / "summary.json").read_text())
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     final = Path(summary["checkpoint"])
-    optimizer = {p: _adam_steps(p) for p in (ckpt, final)}
+    optimizer = {str(p): _adam_steps(p) for p in (ckpt, final)}
     row.update(completed=True, steps=summary["steps"], accounting=summary["accounting"], counts=summary["counts"],
                samples_lost=lost_samples(summary, [r for r in rows if r.get("kind") == "step" and r["version"] > at], cfg),
                resumed_at=at, final_version=summary["last"]["version"], optimizer_steps=optimizer,
-               continued=summary["last"]["version"] == cfg.trainer.steps and optimizer[final] == optimizer[ckpt] + remaining)
+               continued=summary["last"]["version"] == cfg.trainer.steps and optimizer[str(final)] == optimizer[str(ckpt)] + remaining)
     return row
 
 
@@ -176,7 +181,7 @@ def run_scenario(base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0,
     after = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     envs = row.get("envs") or {}
     row.update(scenario=scenario.name, description=scenario.description, emulated=scenario.emulated,
-               leaked_envs=envs.get("open", 0) + envs.get("envs_closed_twice", 0) if envs else None,
+               leaked_envs=envs.get("open") if envs else None,
                leaked_processes=after["processes"] - before["processes"] + row.get("leftover_processes", 0),
                leaked_containers=None if before["containers"] is None else after["containers"] - before["containers"])
     return row

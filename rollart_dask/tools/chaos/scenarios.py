@@ -2,8 +2,8 @@
 
 A scenario is flow overrides (EMULATED env and reward-endpoint faults are flow keys, labelled so in the
 run's output) plus actions fired at moments of the run once step ``after_step`` is done: ``rollout``
-(a seeded fraction of a second later, rollout going on), ``train`` (as soon as a Train is in flight)
-or ``update`` (as soon as generation is suspended for a weight update). Faults the runtime cannot survive yet are not
+(a seeded fraction of a second later, rollout going on), ``train`` (as the next Train is submitted,
+while it runs) or ``update`` (as the engines are told to swap weights, generation suspended). Faults the runtime cannot survive yet are not
 listed here: the suite shows what it proves.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ class Fault:
     target: str = ""  # a worker name (restart_worker, lose_worker, add_worker: the new one's "name:POOL,POOL")
     moment: str = "rollout"
     after_step: int = 1
-    delay_s: float | None = None  # after the moment comes; None: a seeded draw in [0.1, 0.6) s
+    delay_s: float | None = None  # mid-rollout: this long after step after_step; None: a seeded draw in [0.1, 0.6) s
 
     def describe(self) -> str:
         what = {"restart_worker": "kill {t} (its Nanny restarts it)", "lose_worker": "lose {t} for good", "add_worker": "add worker {t}",
