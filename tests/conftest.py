@@ -107,7 +107,7 @@ def flow_dict(**over) -> dict:
 
 # What the buffer and the run count for a trajectory or group that does not finish (rollart_dask/control/buffer.py,
 # the run's failed_<error> and abort_errors): a pause must leave all of them as they were.
-DROPPED = ("aborted_stale", "evicted_stale", "redundant_dropped", "groups_dropped", "failed", "late", "env_worker_lost", "abort_errors")
+DROPPED = ("aborted_stale", "evicted_stale", "redundant_dropped", "groups_dropped", "failed", "late", "worker_lost", "abort_errors")
 
 
 def dropped(run) -> dict:

@@ -30,7 +30,7 @@ def fake_run(n_steps=3, t_start=100.0):
     return SimpleNamespace(
         cfg=cfg, run_id="demo-1234", t_start=t_start, published=n_steps, state="running", engine_version=n_steps,
         in_flight=lambda: Counter({"generate": 2, "env-step": 1, "reward": 1}),
-        buffer=SimpleNamespace(counts=Counter(aborted_stale=2, redundant_dropped=3, failed=1, env_worker_lost=1, finished=40, late=5)),
+        buffer=SimpleNamespace(counts=Counter(aborted_stale=2, redundant_dropped=3, failed=1, worker_lost=1, finished=40, late=5)),
         metrics=SimpleNamespace(rows=rows), history=history, syncs=syncs)
 
 

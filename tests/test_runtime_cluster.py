@@ -233,7 +233,7 @@ def test_killing_an_env_worker_loses_no_sample(tmp_path, model_dir, run_async):
     assert killed and result["steps"] == 4
     counts = result["counts"]
     assert counts.get("workers_lost", 0) >= 1
-    assert counts.get("env_worker_lost", 0) >= 1 and counts.get("relaunched", 0) >= counts["env_worker_lost"]
+    assert counts.get("worker_lost", 0) >= 1 and counts.get("relaunched", 0) >= counts["worker_lost"]
     assert counts.get("groups_dropped", 0) == 0
     assert len(trained) == len(set(trained)) == 4 * 3 * 4  # every batch full: lost trajectories were restarted elsewhere
 

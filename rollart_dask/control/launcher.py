@@ -136,7 +136,7 @@ class Launcher:
         except (TrajectoryCancelled, asyncio.CancelledError):
             return  # the buffer ordered it and counted it
         except WorkerLost:
-            orders = self.buffer.failed(traj.id, "env_worker_lost")
+            orders = self.buffer.failed(traj.id, "worker_lost")
         except Exception as e:
             reason = f"failed_{type(e).__name__}"
             if self.counts[reason] < 3:

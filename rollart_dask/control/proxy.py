@@ -20,14 +20,17 @@ class TrajectoryCancelled(Exception):
 
 class LLMProxy:
     def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False, pd=None,
-                 partial: str = "restart"):
+                 partial: str = "restart", wait_s: float = 120):
         self.d = dispatcher
+        self.wait_s = wait_s  # how long a call waits for an engine of its pool when there is none (lost, a replacement coming)
+        self._joined = asyncio.Event()  # an engine began serving
+        self.on_engine_error = None  # async (address, error) -> True when that engine is gone (then handled: control/elastic.py)
         self.partial = partial  # rollout.partial: a turn Suspend interrupted restarts, or continues from its prefix
         self.pd = pd  # rollout.pd (prefill, decode pools): each call is prefilled on one pool and decoded on the other (PDRoute below)
         self._peer: dict[str, str] = {}  # request id → its prefill engine, when disaggregated (aborts go to both engines)
         self.streamed = streamed  # engines that batch continuously across calls answer each request on its own
-        self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → engine worker addresses
-        self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}
+        self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → the engines serving it (routing)
+        self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}  # every engine weight updates go to
         self.timeout_s = timeout_s
         self.load: Counter = Counter()
         self.sticky: dict[str, str] = {}
@@ -49,7 +52,7 @@ class LLMProxy:
 
     def pick(self, traj_id: str, pool: str | None) -> str:
         addr = self.sticky.get(traj_id)
-        if addr in self.pool_of:
+        if addr in self.pool_of and addr in self.engines.get(self.pool_of[addr], ()):
             return addr
         pools = [pool] if pool else list(ENGINE_POOLS)
         candidates = [a for p in pools for a in self.engines.get(p, [])]
@@ -69,6 +72,8 @@ class LLMProxy:
             await self._open.wait()
             if traj_id in self.cancelled:
                 raise TrajectoryCancelled(traj_id)
+            if not self.pd:
+                await self._engine_of(pool)
             route = pd_route(self, traj_id) if self.pd else None  # sticky engines in both pools; decode is the call's worker
             addr = route.decode_worker if route else self.pick(traj_id, pool)
             rid = f"{traj_id}#{next(self._rids)}"
@@ -112,6 +117,49 @@ class LLMProxy:
             else:  # from the turn's prompt: what it generated is discarded
                 tokens["discarded"] += len(c.token_ids)
 
+    async def _engine_of(self, pool: str | None) -> None:
+        """Return once an engine serves ``pool`` (any, when None); wait up to ``wait_s`` while none does."""
+        pools = [pool] if pool else list(ENGINE_POOLS)
+        deadline = None
+        while not any(self.engines.get(p) for p in pools):
+            deadline = deadline or asyncio.get_running_loop().time() + self.wait_s
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise RuntimeError(f"no engine for pool {pool or 'any'} for rollout.worker_wait_s={self.wait_s:.0f} s; engines: {self.engines}")
+            self._joined.clear()
+            try:
+                await asyncio.wait_for(self._joined.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- engines that leave and join (control/elastic.py) ------------------------------------------
+    def engine_lost(self, address: str) -> bool:
+        """Stop routing to a departed engine (its calls fail over through the dispatcher); False if it was none."""
+        pool = self.pool_of.pop(address, None)
+        if pool is None:
+            return False
+        if address in self.engines.get(pool, ()):
+            self.engines[pool].remove(address)
+        self.sticky = {t: a for t, a in self.sticky.items() if a != address}
+        return True
+
+    def engine_joining(self, address: str, pool: str) -> None:
+        """A joined engine being brought to the engines' version: weight operations include it, calls do not yet."""
+        self.pool_of[address] = pool
+
+    def engine_serving(self, address: str, pool: str) -> None:
+        """A joined engine, at the engines' version now: calls may go to it."""
+        self.pool_of[address] = pool
+        if address not in self.engines.setdefault(pool, []):
+            self.engines[pool].append(address)
+        self._joined.set()
+
+    async def swap_one(self, address: str, pool: str, version: int) -> None:
+        """Swap ``version`` (staged there) into one engine that is not serving yet."""
+        from rollart_dask.data.weights.worker import engine_swap_batch
+
+        await self.d.call("update-weights", engine_swap_batch, {"version": version}, pool=pool, worker=address, timeout=self.timeout_s)
+
     def forget(self, traj_id: str) -> None:
         self.sticky.pop(traj_id, None)
         self.sticky.pop(prefill_key(traj_id), None)
@@ -135,8 +183,14 @@ class LLMProxy:
         """A control call on each of these engines (address → its item), over the dispatcher's channels: in order
         with the generate batches sent before it, and no scheduler between (a Dask task each cost the step protocol
         a scheduler round trip per call)."""
-        await asyncio.gather(*(self.d.call(stage, fn, item, pool=self.pool_of[a], worker=a, timeout=self.timeout_s, streamed=streamed)
-                               for a, item in items.items()))
+        items = {a: item for a, item in items.items() if a in self.pool_of}
+        results = await asyncio.gather(*(self.d.call(stage, fn, item, pool=self.pool_of[a], worker=a, timeout=self.timeout_s, streamed=streamed)
+                                         for a, item in items.items()), return_exceptions=True)
+        for a, r in zip(items, results):
+            if isinstance(r, BaseException) and a in self.pool_of:  # (an engine lost meanwhile has nothing to do any more)
+                if isinstance(r, Exception) and self.on_engine_error is not None and await self.on_engine_error(a, r):
+                    continue
+                raise r
 
     # -- the protocol's Suspend / Update / Resume / Recompute KV ---------------------------------
     async def suspend(self) -> None:

@@ -18,7 +18,7 @@ from typing import Callable
 from rollart_dask.algo.advantages import ADVANTAGES
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
-from rollart_dask.control import phases, wiring
+from rollart_dask.control import elastic, phases, wiring
 from rollart_dask.control.buffer import Group, SampleBuffer
 from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
@@ -77,12 +77,15 @@ class Run:
         self._bg: list[asyncio.Task] = []
         self._stopped = False
         self._weights = None  # the weight store as soon as set-up made it (closed even if set-up fails later)
+        self.weights_turn = asyncio.Lock()  # Update and a joining engine's catch-up take turns (control/elastic.py)
+        self.joining: set[asyncio.Task] = set()  # engines being brought to the engines' version
 
     # -- set-up -------------------------------------------------------------------------------------
     async def setup(self) -> None:
         s = self.services = await wiring.wire(self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint,
                                               on_weights=lambda w: setattr(self, "_weights", w))
         self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts)
+        elastic.watch(self)
         if self.from_checkpoint:
             self.published = await wiring.restore(s, self.out)
         elif self.cfg.warmstart.steps:
@@ -204,7 +207,8 @@ class Run:
             return
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "update-weights"):
-            await self.services.proxy.update_weights(self.published)
+            async with self.weights_turn:
+                await self.services.proxy.update_weights(self.published)
         self._sync["update_s"] = time.perf_counter() - t0
 
     async def resume_rollout(self, rec: StepRecord | None) -> None:
@@ -367,11 +371,11 @@ class Run:
         self._stopped = True
         if self._bg and not self.launcher.stopping:  # the page shows the run's end, not its last second
             await self.telemetry.publish(final=True)
-        for task in self._bg:
+        for task in [*self._bg, *self.joining]:
             task.cancel()
         if self.launcher is not None:
             await self.launcher.stop()
-        await asyncio.gather(*self._bg, return_exceptions=True)
+        await asyncio.gather(*self._bg, *self.joining, return_exceptions=True)
         if self.services is not None:  # the cancelled trajectories' envs are closed before the channels shut
             left = await self.services.em.closes_done(timeout=2 * self.cfg.rollout.env_timeout_s)  # (one may wait out a hung call)
             if left:

@@ -33,7 +33,7 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
     cfg = run.cfg
     buf = run.buffer.counts
     counts = {k: int(buf.get(k, 0)) for k in COUNTS}
-    counts["failed"] += int(buf.get("env_worker_lost", 0))  # failed for want of its env worker: a failure too
+    counts["failed"] += int(buf.get("worker_lost", 0))  # failed for want of its worker (env or engine): a failure too
     steps = [r for r in run.metrics.rows if r.get("kind") == "step"][-TAIL:]
     return {
         "run": run.run_id,

@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections import Counter
 
+from rollart_dask.control import elastic
 from rollart_dask.control.snapshot import TOPIC, build_snapshot
 from rollart_dask.data import plugins, tasks
 from rollart_dask.observe import console
@@ -71,7 +72,8 @@ class Telemetry:
             run.progress_at = time.monotonic()
 
     async def monitor(self) -> None:
-        """Workers that leave fail their calls over (a lost trainer or engine ends the run); env workers that join get envs."""
+        """Workers that leave fail their calls over (a lost trainer ends the run, a lost engine stops taking calls);
+        env workers that join get envs, engine workers are brought to the engines' version (control/elastic.py)."""
         run, s = self.run, self.run.services
         known = set(s.poolmap.workers)
         while not run.launcher.stopping:
@@ -85,15 +87,20 @@ class Telemetry:
             for addr in known - now:
                 lost = s.d.worker_lost(addr)
                 s.em.worker_lost(addr)
+                elastic.engine_lost(run, addr)
                 run.counts["workers_lost"] += 1
                 console.print(f"[yellow]worker {s.poolmap.name(addr)} left the cluster ({lost} calls failed over)[/yellow]")
-                if addr == s.trainer or addr in s.proxy.pool_of:
-                    run.fail(RuntimeError(f"worker {s.poolmap.name(addr)} holding the trainer or an engine was lost; restart the run with --resume"))
+                if addr == s.trainer:
+                    run.fail(RuntimeError(f"worker {s.poolmap.name(addr)} holding the trainer was lost; restart the run with --resume"))
             for addr in now - known:
                 s.poolmap.workers[addr] = current.workers[addr]
-                if "CPU" in current.workers[addr]["resources"]:
+                resources = current.workers[addr]["resources"]
+                if "CPU" in resources:
                     s.em.worker_joined(addr)
-                s.em.reward_worker_joined(addr, current.workers[addr]["resources"])
+                s.em.reward_worker_joined(addr, resources)
+                pool = next((p for p in s.layout if p in resources), None)
+                if pool is not None and not {"TRAIN", "REWARD"} & set(resources):  # (where the engine plugin puts an engine)
+                    run.joining.add(asyncio.ensure_future(elastic.admit_engine(run, addr, pool)))
             known = now
 
     async def feed(self) -> None:

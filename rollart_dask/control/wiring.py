@@ -66,7 +66,7 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
     # one batch per call)
     proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd,
-                     partial=cfg.rollout.partial)
+                     partial=cfg.rollout.partial, wait_s=cfg.rollout.worker_wait_s)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
                     reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.stateful,
                     reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})

@@ -36,6 +36,10 @@ class WeightStore:
         self._closed = False
         self.transfers: list[dict] = []  # one per staged version (metrics rows and the run summary)
         self.prefix = f"rollart/{uuid.uuid4().hex[:12]}"  # keys of this run, should the master be shared
+        self._kept: dict[int, tuple] = {}  # the last two versions' (publish future, buckets future | None): what a joining engine stages
+        self.lost: set[str] = set()  # engines that left: a stage of theirs that fails is not the transfer's failure
+        self._joining: list = []  # stages of the pending version on engines that joined after its publish
+        self._in_flight: dict = {}  # engine → its stage task of the version being pulled
 
     @property
     def kind(self) -> str:
@@ -68,16 +72,14 @@ class WeightStore:
         spec = {**self.spec(), "engine_pools": sorted(engines.values())}  # (an emulated engine times its pull by them)
         published = self.publishing = self.d.submit_one("publish-weights", worker.trainer_publish, version, spec, after,
                                                         pool="TRAIN", worker=self.trainer)
+        buckets = None
         if self.kind == "dask":  # the buckets as one Dask result on the trainer; each engine's task fetches it peer-to-peer
             buckets = self.d.submit_one("weights-bucket", worker.trainer_buckets, version, published, pool="TRAIN", worker=self.trainer)
+        self._kept = {v: k for v, k in self._kept.items() if v >= version - 1}
+        self._kept[version] = (published, buckets)
 
-        def stage() -> None:
-            if self.kind == "dask":
-                staged = [self.d.submit_one("stage-weights", worker.engine_stage_dask, published, buckets, spec, pool=p, worker=a)
-                          for a, p in engines.items()]
-            else:
-                staged = [self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=p, worker=a)
-                          for a, p in engines.items()]
+        def stage() -> None:  # (``engines`` read now: pulled at Update, engines that joined meanwhile get it too)
+            staged = self._in_flight = {a: self._stage(version, a, p, spec) for a, p in list(engines.items())}
             # pulled at Update, the transfer begins with this submission; in the background, where the publish began
             submitted = time.time() if self.cfg.pull == "at_update" and not setup else None
             self._staging = asyncio.ensure_future(self._timed(version, published, staged, setup, submitted))
@@ -87,7 +89,33 @@ class WeightStore:
         else:
             stage()
 
-    async def _timed(self, version: int, published, staged: list, setup: bool, submitted: float | None) -> dict:
+    def _stage(self, version: int, address: str, pool: str, spec: dict):
+        published, buckets = self._kept[version]
+        if self.kind == "dask":
+            return self.d.submit_one("stage-weights", worker.engine_stage_dask, published, buckets, spec, pool=pool, worker=address)
+        return self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=pool, worker=address)
+
+    def stage_on(self, address: str, pool: str, version: int, engine_pools: list[str]):
+        """Stage ``version`` (one of the last two published) on one engine, e.g. one that joined; its Dask future.
+        ``engine_pools``: every engine's pool (an emulated engine times its pull by them)."""
+        if version not in self._kept:
+            raise RuntimeError(f"weights v{version} are no longer kept for a joining engine (kept: {sorted(self._kept)})")
+        return self._stage(version, address, pool, {**self.spec(), "engine_pools": sorted(engine_pools)})
+
+    def join_pending(self, address: str, future) -> None:
+        """A joining engine's stage of the version still being pulled: the next Update waits for it too."""
+        self._joining.append(future)
+        self._in_flight[address] = future
+
+    def engine_lost(self, address: str) -> None:
+        """A stage task pinned to a departed engine would wait for it for ever (Dask keeps it, no worker can run it):
+        cancelled, it ends the wait, and the transfer goes on without that engine."""
+        self.lost.add(address)
+        fut = self._in_flight.pop(address, None)
+        if fut is not None and not fut.done():
+            asyncio.ensure_future(self.d.client.cancel([fut]))
+
+    async def _timed(self, version: int, published, staged: dict, setup: bool, submitted: float | None) -> dict:
         """The transfer's window in wall-clock time from instants that a busy client loop cannot move later: the
         stage's submission (pulled at Update) or the publish's start on the trainer (in the background), to the
         moment the client holds every engine's answer. (Timing the start where this coroutine first ran shortened
@@ -95,9 +123,13 @@ class WeightStore:
         manifest = await published
         t0 = submitted if submitted is not None else manifest["started_at"]
         t_published = max(t0, time.time())
-        rows = await asyncio.gather(*staged)
+        results = await asyncio.gather(*staged.values(), return_exceptions=True)
+        for address, r in zip(staged, results):
+            if isinstance(r, BaseException) and address not in self.lost:
+                raise r
+        rows = [r for r in results if not isinstance(r, BaseException)]
         done = time.time()
-        return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(staged),
+        return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(rows),
                 "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
                 "transfer_s": done - t0, "setup": setup, "_window": (t0, done)}
 
@@ -115,6 +147,10 @@ class WeightStore:
         except asyncio.TimeoutError:
             raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
                                f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
+        joining, self._joining = self._joining, []
+        for r in await asyncio.gather(*joining, return_exceptions=True):
+            if isinstance(r, BaseException) and not self.lost:
+                raise r
         start, done = row["_window"]  # the transfer's own instants (_timed): waited_s is the part of it the loop waited through
         waited = max(0.0, done - max(start, t0))
         row = {**{k: v for k, v in row.items() if k != "_window"}, "waited_s": waited, "hidden_s": row["transfer_s"] - waited}

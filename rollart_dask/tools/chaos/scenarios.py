@@ -50,6 +50,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              (Fault("lose_worker", "cpu-1", "rollout", 1),), extra_workers=("cpu-1:CPU",)),
     Scenario("env-worker-lost-mid-train", "an env worker lost for good while a Train is in flight",
              (Fault("lose_worker", "cpu-1", "train", 2),), extra_workers=("cpu-1:CPU",)),
+    Scenario("engine-worker-restart", "the engine worker's process killed mid-rollout; restarted by its Nanny, it rejoins at the "
+             "engines' version", (Fault("restart_worker", "h800-0", "rollout", 1),)),
+    Scenario("engine-worker-restart-mid-update", "the engine worker killed as the engines are told to swap weights",
+             (Fault("restart_worker", "h800-0", "update", 2),)),
+    Scenario("elastic-engine", "an engine worker added after step 1 (it joins at the current version), the original lost for good "
+             "after step 3", (Fault("add_worker", "h800-9:H800", "rollout", 1), Fault("lose_worker", "h800-0", "rollout", 3))),
     Scenario("env-faults", "env resets fail 10%, steps 5%, 1% of calls hang past rollout.env_timeout_s", overrides=ENV_FAULTS,
              emulated="env reset 10% / step 5% failures, 1% hangs of 30 s (timeout 2 s)"),
     Scenario("reward-worker-restart", "the reward worker's process killed mid-rollout and restarted by its Nanny",
