@@ -4,12 +4,14 @@ A lost engine stops taking calls; its requests fail over (their trajectories are
 to it is not waited for. A worker that joins one of the run's engine pools — its Nanny's restart of a lost
 one, or a new worker — gets the run's engine from the plugin, and this brings it to the engines' version
 before it takes a call: the installed version is staged from the weights the store keeps for it and
-swapped in, and a newer version being pulled is staged too, so the next Update swaps it with the others.
+swapped in, and a newer version being pulled is staged too (the next Update waits), so that Update swaps it
+with the others.
 Admission and Update take turns (``Run.weights_turn``): an engine never swaps back behind an Update.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from rollart_dask.observe import console
@@ -25,6 +27,22 @@ def engine_lost(run, address: str) -> None:
     if s.proxy.engine_lost(address):
         s.weights.engine_lost(address)
         run.counts["engines_lost"] += 1
+
+
+async def unless_lost(run, awaitable, timeout: float):
+    """``awaitable``'s result, or the run's fatal error (its trainer lost) as soon as there is one: a Train pinned to a
+    lost trainer never ends, or ends cancelled a moment before the monitor says why."""
+    waiter, fatal = asyncio.ensure_future(awaitable), asyncio.ensure_future(run._fatal.wait())
+    done, _ = await asyncio.wait({waiter, fatal}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    if waiter in done and waiter.exception() is None:
+        fatal.cancel()
+        return waiter.result()
+    if waiter in done:  # failed: if the trainer's worker is gone, the monitor says so within moments
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(fatal, 3)
+    fatal.cancel()
+    waiter.cancel()
+    raise run.fatal or (waiter.exception() if waiter.done() and not waiter.cancelled() else TimeoutError(f"no answer within {timeout:.0f} s"))
 
 
 def watch(run) -> None:
@@ -57,8 +75,8 @@ async def admit_engine(run, address: str, pool: str) -> None:
             pools = list(s.proxy.pool_of.values())
             await s.weights.stage_on(address, pool, installed, pools)
             await s.proxy.swap_one(address, pool, installed)
-            if run.published > installed:  # being pulled by the others: the next Update swaps it here too
-                s.weights.join_pending(address, s.weights.stage_on(address, pool, run.published, pools))
+            if run.published > installed:  # being pulled by the others: staged here too before the next Update (which waits)
+                await s.weights.stage_on(address, pool, run.published, pools)
             s.weights.lost.discard(address)
             s.proxy.engine_serving(address, pool)
         run.counts["engines_joined"] += 1

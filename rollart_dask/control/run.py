@@ -67,7 +67,7 @@ class Run:
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)
         self.t_start = self.progress_at = time.monotonic()
-        self.fatal: Exception | None = None  # a lost trainer or engine (telemetry's monitor): the run stops
+        self.fatal, self._fatal = None, asyncio.Event()  # a lost trainer (telemetry's monitor): the run stops
         self._stop_requested = False
         self._training: tuple | None = None  # (train future, its StepRecord) until the trainer has published
         self._run_span: dict | None = None  # Dask span of the whole run; each step's nests in it
@@ -113,8 +113,9 @@ class Run:
         return Counter(self.services.em.stage.values())
 
     def fail(self, error: Exception) -> None:
-        """End the run from Get Batch: it would wait for a batch that cannot come."""
+        """End the run from Get Batch, or from the wait for a Train that cannot finish (its worker is gone)."""
         self.fatal = error
+        self._fatal.set()
         self.launcher.batch_ready.set()
 
     # -- steering (from the Python API; call on the run's event loop) ---------------------------------
@@ -157,8 +158,7 @@ class Run:
         return True
 
     async def get_batch(self, rec: StepRecord) -> list[Group] | None:
-        """1. The next batch_groups finished groups within the staleness bound, or None on a stop request.
-        First the previous Train must have published: the batch trains at that version."""
+        """1. The next batch_groups finished groups within the staleness bound (None: a stop request), once the previous Train published."""
         await self._finish_training()
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "get-batch"):
@@ -263,7 +263,7 @@ class Run:
         s = self.services
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "wait-train"):  # the publish's tasks (and the engines' pulls) nest here too
-            metrics = await asyncio.wait_for(fut, 600)
+            metrics = await elastic.unless_lost(self, fut, 600)
             rec.phases["wait_train_s"] = time.perf_counter() - t0
             self.published = rec.version = int(metrics.pop("version"))
             s.weights.publish(self.published, s.proxy.pool_of, after=fut)
@@ -351,8 +351,7 @@ class Run:
         finally:
             await self.stop()
 
-    def accounting(self) -> dict:
-        """Every launched trajectory by outcome (SampleBuffer.account), and what would mean a sample lost or made up."""
+    def accounting(self) -> dict:  # launched trajectories by outcome (SampleBuffer.account), and what would mean a sample lost or made up
         return {**self.buffer.account(), "trained_twice": len(self.trained_ids) - len(set(self.trained_ids)),
                 "trained_without_reward": self.counts["trained_without_reward"]}
 

@@ -38,7 +38,6 @@ class WeightStore:
         self.prefix = f"rollart/{uuid.uuid4().hex[:12]}"  # keys of this run, should the master be shared
         self._kept: dict[int, tuple] = {}  # the last two versions' (publish future, buckets future | None): what a joining engine stages
         self.lost: set[str] = set()  # engines that left: a stage of theirs that fails is not the transfer's failure
-        self._joining: list = []  # stages of the pending version on engines that joined after its publish
         self._in_flight: dict = {}  # engine → its stage task of the version being pulled
 
     @property
@@ -79,7 +78,8 @@ class WeightStore:
         self._kept[version] = (published, buckets)
 
         def stage() -> None:  # (``engines`` read now: pulled at Update, engines that joined meanwhile get it too)
-            staged = self._in_flight = {a: self._stage(version, a, p, spec) for a, p in list(engines.items())}
+            staged = {a: self._stage(version, a, p, spec) for a, p in list(engines.items())}
+            self._in_flight = dict(staged)
             # pulled at Update, the transfer begins with this submission; in the background, where the publish began
             submitted = time.time() if self.cfg.pull == "at_update" and not setup else None
             self._staging = asyncio.ensure_future(self._timed(version, published, staged, setup, submitted))
@@ -102,11 +102,6 @@ class WeightStore:
             raise RuntimeError(f"weights v{version} are no longer kept for a joining engine (kept: {sorted(self._kept)})")
         return self._stage(version, address, pool, {**self.spec(), "engine_pools": sorted(engine_pools)})
 
-    def join_pending(self, address: str, future) -> None:
-        """A joining engine's stage of the version still being pulled: the next Update waits for it too."""
-        self._joining.append(future)
-        self._in_flight[address] = future
-
     def engine_lost(self, address: str) -> None:
         """A stage task pinned to a departed engine would wait for it for ever (Dask keeps it, no worker can run it):
         cancelled, it ends the wait, and the transfer goes on without that engine."""
@@ -123,8 +118,9 @@ class WeightStore:
         manifest = await published
         t0 = submitted if submitted is not None else manifest["started_at"]
         t_published = max(t0, time.time())
-        results = await asyncio.gather(*staged.values(), return_exceptions=True)
-        for address, r in zip(staged, results):
+        addresses = list(staged)
+        results = await asyncio.gather(*(staged[a] for a in addresses), return_exceptions=True)
+        for address, r in zip(addresses, results):
             if isinstance(r, BaseException) and address not in self.lost:
                 raise r
         rows = [r for r in results if not isinstance(r, BaseException)]
@@ -147,10 +143,6 @@ class WeightStore:
         except asyncio.TimeoutError:
             raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
                                f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
-        joining, self._joining = self._joining, []
-        for r in await asyncio.gather(*joining, return_exceptions=True):
-            if isinstance(r, BaseException) and not self.lost:
-                raise r
         start, done = row["_window"]  # the transfer's own instants (_timed): waited_s is the part of it the loop waited through
         waited = max(0.0, done - max(start, t0))
         row = {**{k: v for k, v in row.items() if k != "_window"}, "waited_s": waited, "hidden_s": row["transfer_s"] - waited}

@@ -29,7 +29,9 @@ def scenario_flow(base: FlowConfig, scenario: Scenario, budget: tuple[str, ...])
     for extra in scenario.extra_workers:
         name, pools = extra.split(":", 1)
         data["cluster"]["workers"].append({"name": name, "pools": pools.split(","), "nthreads": 2})
-    return load_flow(data=data, overrides=[*budget, *scenario.overrides])
+    cfg = load_flow(data=data, overrides=[*budget, *scenario.overrides])
+    cfg.trainer.steps = max(cfg.trainer.steps, scenario.min_steps)
+    return cfg
 
 
 # -- what leaks ---------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class Scenario:
     overrides: tuple[str, ...] = ()  # flow keys (EMULATED injections among them)
     emulated: str = ""  # what of it is injected through flow keys, for the table
     extra_workers: tuple[str, ...] = field(default=())  # "name:POOL,POOL" added to the flow's cluster before the run
+    min_steps: int = 0  # a run must outlast its faults (a worker that is added takes seconds to start)
 
 
 ENV_FAULTS = ('tasks.0.inject={"seed": 7, "reset_fail": 0.10, "step_fail": 0.05, "hang_p": 0.01, "hang_s": 30}',
@@ -55,7 +56,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("engine-worker-restart-mid-update", "the engine worker killed as the engines are told to swap weights",
              (Fault("restart_worker", "h800-0", "update", 2),)),
     Scenario("elastic-engine", "an engine worker added after step 1 (it joins at the current version), the original lost for good "
-             "after step 3", (Fault("add_worker", "h800-9:H800", "rollout", 1), Fault("lose_worker", "h800-0", "rollout", 3))),
+             "after step 3", (Fault("add_worker", "h800-9:H800", "rollout", 1), Fault("lose_worker", "h800-0", "rollout", 3)), min_steps=24),
     Scenario("env-faults", "env resets fail 10%, steps 5%, 1% of calls hang past rollout.env_timeout_s", overrides=ENV_FAULTS,
              emulated="env reset 10% / step 5% failures, 1% hangs of 30 s (timeout 2 s)"),
     Scenario("reward-worker-restart", "the reward worker's process killed mid-rollout and restarted by its Nanny",
@@ -66,7 +67,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              (Fault("kill_endpoint", "", "rollout", 1, 0.3), Fault("restart_endpoint", "", "rollout", 1, 2.3)),
              overrides=("reward.mode=serverless",)),
     Scenario("elastic-env", "an env worker added after step 1, the original one lost for good after step 3",
-             (Fault("add_worker", "cpu-9:CPU", "rollout", 1), Fault("lose_worker", "cpu-0", "rollout", 3))),
+             (Fault("add_worker", "cpu-9:CPU", "rollout", 1), Fault("lose_worker", "cpu-0", "rollout", 3)), min_steps=24),
     Scenario("process-kill-resume", "the whole `rollart run` process killed mid-step, then `rollart run --resume`",
              (Fault("kill_process", "", "rollout", 3),), overrides=("trainer.checkpoint_every=1",)),
 ]}
