@@ -1,4 +1,5 @@
 """The local Lambda endpoint against real boto3 calls: management, invoke semantics, pools, limits, auth."""
+import asyncio
 import json
 import os
 import socket
@@ -354,3 +355,24 @@ def test_relative_state_dir_serves_get_function(tmp_path, monkeypatch):
         deploy("fl", "frozenlake", client)
         got = client.get_function(FunctionName="fl")
         assert got["Configuration"]["FunctionName"] == "fl" and got["Code"]["Location"].startswith("file:///")
+
+
+def test_emulated_endpoint_faults_answer_429_500_or_late_at_their_rates():
+    from rollart_dask.tools.lambda_local.api import LambdaError
+    from rollart_dask.tools.lambda_local.faults import EndpointFaults
+
+    faults = EndpointFaults({"throttle": 0.2, "error": 0.1, "slow": 0.1, "slow_s": 0.001, "seed": 5})
+    codes = []
+
+    async def go():
+        for _ in range(2000):
+            try:
+                await faults.before_invoke()
+                codes.append(200)
+            except LambdaError as e:
+                codes.append(e.status)
+
+    asyncio.run(go())
+    assert abs(codes.count(429) / 2000 - 0.2) < 0.03 and abs(codes.count(500) / 2000 - 0.1) < 0.03
+    assert faults.injected["throttle"] == codes.count(429) and abs(faults.injected["slow"] / 2000 - 0.1) < 0.03
+    assert not EndpointFaults().active and faults.active

@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -38,6 +37,7 @@ from rollart_dask.tools.lambda_local.api import (
     invalid,
     not_found,
 )
+from rollart_dask.tools.lambda_local.faults import EndpointFaults
 from rollart_dask.tools.lambda_local.pool import Environment, FunctionPool, Throttled, WorkerGone
 
 
@@ -48,10 +48,7 @@ class LocalLambda:
                  default_concurrency: int | None = None, init_timeout_s: float = 10.0, max_event_age_s: float = 60.0,
                  faults: dict | None = None):
         self.state_dir = Path(state_dir).resolve()  # file URIs in GetFunction need an absolute path
-        # EMULATED faults (the chaos suite): a synchronous invocation is answered 429, 500 or late at these rates
-        self.faults = {"throttle": 0.0, "error": 0.0, "slow": 0.0, "slow_s": 1.0, "seed": 0, **(faults or {})}
-        self._fault_rng = random.Random(self.faults["seed"])
-        self.injected = {"throttle": 0, "error": 0, "slow": 0}
+        self.faults = EndpointFaults(faults)  # EMULATED 429 / 500 / late answers (the chaos suite), off by default
         self.region, self.keep_warm_s, self.init_timeout_s, self.max_event_age_s = region, keep_warm_s, init_timeout_s, max_event_age_s
         self.default_concurrency = default_concurrency or 2 * (os.cpu_count() or 1)
         self.pools: dict[str, FunctionPool] = {}
@@ -331,7 +328,7 @@ class LocalLambda:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return Outcome(202, b"", {"x-amzn-RequestId": request_id})
-        await self._inject_fault()
+        await self.faults.before_invoke()
         try:
             result, body, report = await self._run(pool, payload, request_id)
         except Throttled:
@@ -352,20 +349,6 @@ class LocalLambda:
         if log_type == "Tail":
             headers["X-Amz-Log-Result"] = self.report_tail(pool, report, request_id)
         return Outcome(200, body, headers)
-
-    async def _inject_fault(self) -> None:
-        """EMULATED (only when faults are set): throttle, fail or delay this invocation."""
-        f = self.faults
-        u = self._fault_rng.random()
-        if u < f["throttle"]:
-            self.injected["throttle"] += 1
-            raise LambdaError(429, "TooManyRequestsException", "Rate Exceeded. (EMULATED fault)", Reason="ConcurrentInvocationLimitExceeded")
-        if u < f["throttle"] + f["error"]:
-            self.injected["error"] += 1
-            raise LambdaError(500, "ServiceException", "EMULATED fault: the service failed this invocation")
-        if u < f["throttle"] + f["error"] + f["slow"]:
-            self.injected["slow"] += 1
-            await asyncio.sleep(f["slow_s"])
 
     async def _run_event(self, pool: FunctionPool, payload: bytes, request_id: str):
         """Asynchronous invocation: queued while throttled, dropped after max_event_age_s (no retries on errors)."""
@@ -409,5 +392,5 @@ class LocalLambda:
         return {"uptime_s": round(time.monotonic() - self.started, 3), "requests": self.requests,
                 "auth_failures": self.auth_failures, "default_concurrency": self.default_concurrency,
                 "keep_warm_s": self.keep_warm_s, "functions": {n: p.snapshot() for n, p in self.pools.items()},
-                **({"emulated_faults": self.injected} if any(self.faults[k] for k in self.injected) else {})}
+                **({"emulated_faults": self.faults.injected} if self.faults.active else {})}
 
