@@ -143,7 +143,8 @@ def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed:
     done_before = len(steps())
     latest = out / "run" / "checkpoints" / "latest"
     if not latest.exists():
-        return {"completed": False, "error": "no checkpoint was written before the kill", "faults": [fault.describe()], "steps_redone": 0}
+        return {"completed": False, "error": "no checkpoint was written before the kill", "faults": [fault.describe()], "inject_errors": [],
+                "steps_redone": 0}
     ckpt = Path(latest.read_text().strip())
     at = int(ckpt.name.split("-")[1])
     time.sleep(1.0)  # the killed group's sockets and files go
@@ -151,7 +152,8 @@ def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed:
     remaining = cfg.trainer.steps - at
     with open(out / "resumed.log", "w") as log:
         res = subprocess.run([*cli, "--resume", "--set", f"trainer.steps={remaining}"], stdout=log, stderr=subprocess.STDOUT, timeout=1800)
-    row = {"faults": [fault.describe()], "steps_redone": done_before - at, "elapsed_s": time.monotonic() - t0, "leftover_processes": len(leftover)}
+    row = {"faults": [fault.describe()], "inject_errors": [], "steps_redone": done_before - at, "elapsed_s": time.monotonic() - t0,
+           "leftover_processes": len(leftover)}
     if res.returncode != 0:
         return {**row, "completed": False, "error": f"--resume exited {res.returncode}: {(out / 'resumed.log').read_text()[-400:]}"}
     summary = json.loads((out / "run" / "summary.json").read_text())
