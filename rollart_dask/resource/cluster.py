@@ -28,7 +28,8 @@ NANNY_MONITOR_INTERVAL = "10s"
 def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
     """Every server binds ``cfg.listen`` (the workers' HTTP servers too); ``security``: TLS, else plain TCP."""
     host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen
-    # the Mooncake transfer engine (store=mooncake) listens in every engine's and the trainer's process: there too
+    # the Mooncake transfer engine (store=mooncake) advertises this address to its peers (it still listens on every
+    # interface: its TCP transport has no bind option; the run says so at start)
     bind_env = {"MC_TCP_BIND_ADDRESS": cfg.listen} if is_loopback(cfg.listen) else {}
     workers = {}
     for w in cfg.workers:
