@@ -255,23 +255,54 @@ def test_vllm_engine_service_in_a_run(address, tmp_path, model_dir, run_async):
     assert steps[-1]["update_s"] > 0 and result["last"]["version"] == 2  # weights reached the vLLM engine in place
 
 
-def test_losing_the_trainer_worker_stops_the_run_promptly_with_a_clear_error(tmp_path, model_dir, run_async):
-    """(A lost engine does not stop a run: the chaos suite's engine scenarios, tests/test_chaos_cluster.py.)"""
-    cfg = load_flow(data=flow_dict(**{"trainer.steps": 50}))
+def test_a_lost_trainer_is_re_created_where_it_stood_and_the_run_goes_on(tmp_path, model_dir, run_async):
+    """Its worker killed after step 3 (a Train in flight): the restarted worker's trainer restores the checkpoint of
+    step 2, replays step 3 and trains step 4 again; its weights are bit for bit the lost trainer's."""
+    cfg = load_flow(data=flow_dict(**{"trainer.steps": 6, "trainer.checkpoint_every": 2}))
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        killed = []
 
         def on_step(r):
-            if r.published == 1:
-                addr = next(a for a, w in r.services.poolmap.workers.items() if w["name"] == "train-0")
+            if r.published == 3 and not killed:
+                killed.append(r.services.trainer)
 
                 async def die():
                     import os
 
                     os._exit(1)
 
-                asyncio.ensure_future(client.run(die, workers=[addr], wait=False))
+                asyncio.ensure_future(client.run(die, workers=[r.services.trainer], wait=False))
+
+        try:
+            return await run.run(on_step=on_step), killed, run.services.trainer
+        finally:
+            await close(run, client, cluster)
+
+    result, killed, trainer = run_async(go(), timeout=300)
+    counts, acct = result["counts"], result["accounting"]
+    assert result["steps"] == 6 and result["last"]["version"] == 6 and trainer != killed[0]
+    assert counts["trainer_recovered"] == 1 and counts["trainer_replay_identical"] == 1, counts
+    assert counts["steps_redone"] >= 1 and acct["trained"] == 6 * 2 * 4  # every batch trained once into the trainer that went on
+    assert acct["unaccounted"] == acct["trained_twice"] == 0, acct
+
+
+def test_a_trainer_that_cannot_be_re_created_ends_the_run_promptly_with_a_clear_error(tmp_path, model_dir, run_async):
+    """The trainer's worker lost for good and no other TRAIN worker: the run ends once rollout.worker_wait_s is out."""
+    from rollart_dask.tools.chaos.faults import Injector
+    from rollart_dask.tools.chaos.scenarios import TRAINER, Scenario
+
+    cfg = load_flow(data=flow_dict(**{"trainer.steps": 50, "rollout.worker_wait_s": 3}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        run.cluster, injector = cluster, Injector(Scenario("trainer-lost", "the trainer lost for good"))
+        injector.run = run
+
+        def on_step(r):
+            if r.published == 1:
+                asyncio.ensure_future(injector.lose_worker(TRAINER))
 
         try:
             t0 = time.monotonic()
@@ -282,6 +313,6 @@ def test_losing_the_trainer_worker_stops_the_run_promptly_with_a_clear_error(tmp
             await close(run, client, cluster)
 
     msg, took, published = run_async(go(), timeout=300)
-    assert "train-0" in msg and "--resume" in msg
+    assert "train-0" in msg and "could not be re-created" in msg and "--resume" in msg
     assert published < 50 and took < 120  # stopped promptly, never waited for a Train or a batch that could not come
 

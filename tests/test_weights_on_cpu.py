@@ -98,7 +98,7 @@ def test_waited_is_the_part_of_the_transfer_the_loop_waited_through(tmp_path, lo
         train.set_result({"version": 1})  # Train done: the publish, and with it the transfer, starts
         started_at = time.time()
         await asyncio.sleep(0.05)
-        d.finish("publish-weights", {"bytes": 123, "buckets": [{}, {}], "publish_s": 0.01, "started_at": started_at})
+        d.finish("publish-weights", {"bytes": 123, "buckets": [{"sha256": "a"}, {"sha256": "b"}], "publish_s": 0.01, "started_at": started_at})
         await asyncio.sleep(0.05)
         if loop_waits == "during the pull":
             waiter = asyncio.ensure_future(store.wait_staged())

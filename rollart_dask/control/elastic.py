@@ -11,7 +11,6 @@ Admission and Update take turns (``Run.weights_turn``): an engine never swaps ba
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from rollart_dask.observe import console
@@ -27,22 +26,6 @@ def engine_lost(run, address: str) -> None:
     if s.proxy.engine_lost(address):
         s.weights.engine_lost(address)
         run.counts["engines_lost"] += 1
-
-
-async def unless_lost(run, awaitable, timeout: float):
-    """``awaitable``'s result, or the run's fatal error (its trainer lost) as soon as there is one: a Train pinned to a
-    lost trainer never ends, or ends cancelled a moment before the monitor says why."""
-    waiter, fatal = asyncio.ensure_future(awaitable), asyncio.ensure_future(run._fatal.wait())
-    done, _ = await asyncio.wait({waiter, fatal}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    if waiter in done and waiter.exception() is None:
-        fatal.cancel()
-        return waiter.result()
-    if waiter in done:  # failed: if the trainer's worker is gone, the monitor says so within moments
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(fatal, 3)
-    fatal.cancel()
-    waiter.cancel()
-    raise run.fatal or (waiter.exception() if waiter.done() and not waiter.cancelled() else TimeoutError(f"no answer within {timeout:.0f} s"))
 
 
 def watch(run) -> None:
@@ -69,19 +52,23 @@ async def admit_engine(run, address: str, pool: str) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"its engine did not start within rollout.worker_wait_s={run.cfg.rollout.worker_wait_s:.0f} s")
             await asyncio.sleep(0.5)
-        async with run.weights_turn:
+        async with run.weights_turn:  # (bounded: an Update waits for this lock)
             s.proxy.engine_joining(address, pool)  # a version published from now on is staged here too
             installed = s.proxy.version
             pools = list(s.proxy.pool_of.values())
-            await s.weights.stage_on(address, pool, installed, pools)
+            wait_s = run.cfg.rollout.worker_wait_s
+            # a stage pinned to an engine that dies while it joins would never end: engine_lost cancels it
+            await asyncio.wait_for(s.weights.stage_on(address, pool, installed, pools), wait_s)
             await s.proxy.swap_one(address, pool, installed)
             if run.published > installed:  # being pulled by the others: staged here too before the next Update (which waits)
-                await s.weights.stage_on(address, pool, run.published, pools)
+                await asyncio.wait_for(s.weights.stage_on(address, pool, run.published, pools), wait_s)
             s.weights.lost.discard(address)
             s.proxy.engine_serving(address, pool)
         run.counts["engines_joined"] += 1
         console.print(f"engine {s.poolmap.name(address)} ({pool}) joined at v{installed} in {time.monotonic() - t0:.1f} s")
-    except Exception as e:  # noqa: BLE001 - said and counted; the run goes on without it
+    except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - said and counted; the run goes on without it
+        if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
+            raise  # the run stops (its stage, cancelled by engine_lost, is not)
         engine_lost(run, address)
         run.counts["engine_join_failed"] += 1
         console.print(f"[yellow]engine {s.poolmap.name(address)} ({pool}) could not join: {type(e).__name__}: {e}[/yellow]")

@@ -23,6 +23,7 @@ from rollart_dask.control.buffer import Group, SampleBuffer
 from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
 from rollart_dask.control.launcher import Launcher
+from rollart_dask.control.recovery import TrainerRecovery
 from rollart_dask.control.telemetry import Telemetry, pd_metrics
 from rollart_dask.data import tasks
 from rollart_dask.observe import MetricsWriter, console
@@ -67,7 +68,8 @@ class Run:
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)
         self.t_start = self.progress_at = time.monotonic()
-        self.fatal, self._fatal = None, asyncio.Event()  # a lost trainer (telemetry's monitor): the run stops
+        self.fatal, self._fatal = None, asyncio.Event()  # a trainer that could not be re-created: the run stops
+        self.recovery = TrainerRecovery(self)  # what re-creates a lost trainer (control/recovery.py)
         self._stop_requested = False
         self._training: tuple | None = None  # (train future, its StepRecord) until the trainer has published
         self._run_span: dict | None = None  # Dask span of the whole run; each step's nests in it
@@ -75,6 +77,7 @@ class Run:
         self._sync: dict = {}  # the weight installation in progress (steps 2–5)
         self._installed = False  # steps 2–4 installed a version: step 5 recomputes the KV caches
         self._bg: list[asyncio.Task] = []
+        self._unwatch: Callable[[], None] = lambda: None
         self._stopped = False
         self._weights = None  # the weight store as soon as set-up made it (closed even if set-up fails later)
         self.weights_turn = asyncio.Lock()  # Update and a joining engine's catch-up take turns (control/elastic.py)
@@ -87,9 +90,10 @@ class Run:
         self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts)
         elastic.watch(self)
         if self.from_checkpoint:
-            self.published = await wiring.restore(s, self.out)
+            path, self.published = await wiring.restore(s, self.out)
+            self.recovery.checkpointed(path, self.published)
         elif self.cfg.warmstart.steps:
-            self.published = await wiring.warm_start(s, self.cfg, self.metrics)
+            self.published = await wiring.warm_start(s, self.cfg, self.metrics, self.recovery.trained)
         await self._install_published()
         self.launcher.base_version = s.proxy.version  # admission counts groups from here
 
@@ -244,12 +248,11 @@ class Run:
             samples, rec.batch = build_samples(groups, ADVANTAGES.get(self.cfg.trainer.advantage))
             stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
-            # the batch goes straight to the trainer's worker, not through the scheduler inside the task's graph (a batch of
-            # 2,048 samples is ~45 MiB: the scheduler stalled forwarding it, and Dask warned every step)
-            key = f"train-batch-{uuid.uuid4().hex}"  # named by its stage, like every key of the run
-            batch = (await s.d.client.scatter({key: samples}, workers=[s.trainer], direct=True))[key]
-            fut = s.d.submit_one("train", tasks.trainer_step, batch, s.weights.publishing, pool="TRAIN", worker=s.trainer)
-        self._training = (fut, rec)
+            # (submitted again on a re-created trainer, should its worker be lost: control/recovery.py)
+            batch_id = uuid.uuid4().hex  # (a Train submitted again after the first's future was lost is answered, not trained twice)
+            submit = lambda: self.recovery.submit_train(samples, after=s.weights.publishing, batch_id=batch_id)  # noqa: E731
+            fut = await self.recovery.submit(submit)
+        self._training = (fut, rec, submit, samples)
         if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
             await self._finish_training(write=False)
             await self._install_published(rec)
@@ -259,13 +262,14 @@ class Run:
         """Wait for the Train in flight; it publishes its version (engines start pulling it at once)."""
         if self._training is None:
             return
-        (fut, rec), self._training = self._training, None
+        (fut, rec, submit, samples), self._training = self._training, None
         s = self.services
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "wait-train"):  # the publish's tasks (and the engines' pulls) nest here too
-            metrics = await elastic.unless_lost(self, fut, 600)
+            metrics, fut = await self.recovery.result(submit, fut, 600, step=True)
             rec.phases["wait_train_s"] = time.perf_counter() - t0
             self.published = rec.version = int(metrics.pop("version"))
+            self.recovery.trained(self.published, "train", tasks.trainer_step, samples)
             s.weights.publish(self.published, s.proxy.pool_of, after=fut)
         rec.train = metrics
         self.telemetry.train_busy_s += metrics["train_s"]
@@ -323,6 +327,7 @@ class Run:
         self._run_span = self._step_span = phases.new_span("rollart")
         self.launcher.rollout_span = phases.new_span("rollout", parent=self._run_span)
         t = self.telemetry
+        self._unwatch = self.recovery.watch_connection()  # (undone at stop: the client may be the user's)
         self._bg = [asyncio.ensure_future(c) for c in (self.launcher.loop(), t.watchdog(), t.monitor(), t.feed())]
         notify = on_step or (lambda run: None)
         try:
@@ -343,9 +348,9 @@ class Run:
             if self.history[-1]["version"] != self.engine_version:
                 await self.evaluate()
             notify(self)
-            ckpt = await self.checkpoint()
+            ckpt = await self.checkpoint(final=True)
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
-                    "counts": {**self.buffer.counts, **self.counts, **s.em.counts}, "steps": self.published - self.launcher.base_version,
+                    "counts": {**self.buffer.counts, **self.counts, **s.em.counts, **s.weights.counts}, "steps": self.published - self.launcher.base_version,
                     "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "accounting": self.accounting(),
                     **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {})}  # totals at the last step
         finally:
@@ -355,13 +360,9 @@ class Run:
         return {**self.buffer.account(), "trained_twice": len(self.trained_ids) - len(set(self.trained_ids)),
                 "trained_without_reward": self.counts["trained_without_reward"]}
 
-    async def checkpoint(self, after=None) -> str:
-        """Save an HF checkpoint of the trainer (ordered after the train future ``after``)."""
-        s = self.services
-        path = self.out / "checkpoints" / f"step-{self.published}"
-        saved = await s.d.submit_one("checkpoint", tasks.trainer_checkpoint, str(path.resolve()), after, pool="TRAIN", worker=s.trainer)
-        (self.out / "checkpoints" / "latest").write_text(saved)
-        return saved
+    async def checkpoint(self, after=None, final: bool = False) -> str | None:
+        """An HF checkpoint of the trainer at the run's version (ordered after the Train future ``after``): recovery.py."""
+        return await self.recovery.checkpoint(self.out / "checkpoints", self.published, after, final)
 
     async def stop(self) -> None:
         """Idempotent: the entry point calls it again after a failed set-up or run."""
@@ -370,6 +371,8 @@ class Run:
         self._stopped = True
         if self._bg and not self.launcher.stopping:  # the page shows the run's end, not its last second
             await self.telemetry.publish(final=True)
+        await self.recovery.stop()
+        self._unwatch()
         for task in [*self._bg, *self.joining]:
             task.cancel()
         if self.launcher is not None:

@@ -72,12 +72,16 @@ class Telemetry:
             run.progress_at = time.monotonic()
 
     async def monitor(self) -> None:
-        """Workers that leave fail their calls over (a lost trainer ends the run, a lost engine stops taking calls);
+        """Workers that leave fail their calls over (a lost trainer is re-created, a lost engine stops taking calls);
         env workers that join get envs, engine workers are brought to the engines' version (control/elastic.py)."""
         run, s = self.run, self.run.services
         known = set(s.poolmap.workers)
         while not run.launcher.stopping:
             await asyncio.sleep(1.0)
+            comm, seen = s.client.scheduler_comm, run.recovery.seen_comm
+            if seen is not None and comm is not seen:  # a new connection to the scheduler: the old one's futures are gone
+                run.recovery.connection_lost()
+            run.recovery.seen_comm = comm
             try:
                 info = await asyncio.wait_for(s.client.scheduler.identity(), 10)
             except Exception:
@@ -90,8 +94,8 @@ class Telemetry:
                 elastic.engine_lost(run, addr)
                 run.counts["workers_lost"] += 1
                 console.print(f"[yellow]worker {s.poolmap.name(addr)} left the cluster ({lost} calls failed over)[/yellow]")
-                if addr == s.trainer:
-                    run.fail(RuntimeError(f"worker {s.poolmap.name(addr)} holding the trainer was lost; restart the run with --resume"))
+                if addr == s.trainer:  # re-created on a TRAIN worker, restored and replayed (control/recovery.py)
+                    run.recovery.trainer_lost(addr)
             for addr in now - known:
                 s.poolmap.workers[addr] = current.workers[addr]
                 resources = current.workers[addr]["resources"]

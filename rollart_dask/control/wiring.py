@@ -22,6 +22,7 @@ from rollart_dask.data import plugins, tasks
 from rollart_dask.data.weights.store import WeightStore
 from rollart_dask.observe import MetricsWriter, console
 from rollart_dask.resource.check import engine_pools, needed_pools
+from rollart_dask.resource.cluster import keep_replicas
 from rollart_dask.resource.pools import PoolMap
 
 
@@ -48,6 +49,9 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     backend = resolve_engine_backend(cfg.engine)
     if cfg.rollout.pd:  # engine.backend auto resolves only now: vllm cannot disaggregate here
         check_pd_backend(backend)
+    if await keep_replicas(client):
+        console.print("stopped the scheduler's Active Memory Manager: it drops the trainer's copy of published weights, "
+                      "leaving them on an engine that may leave")
     poolmap = PoolMap.from_scheduler_info(await client.scheduler.identity())
     poolmap.validate(needed_pools(cfg))
     trainer = poolmap.members("TRAIN")[0]
@@ -74,8 +78,8 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     return Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
 
 
-async def restore(s: Services, out: Path) -> int:
-    """The version of the run's latest checkpoint, loaded into the trainer and published."""
+async def restore(s: Services, out: Path) -> tuple[str, int]:
+    """The run's latest checkpoint, loaded into the trainer and published: its path and version."""
     latest = out / "checkpoints" / "latest"
     if not latest.exists():
         raise FileNotFoundError(f"--resume: no checkpoint under {latest.parent}")
@@ -84,13 +88,14 @@ async def restore(s: Services, out: Path) -> int:
     version = await fut
     s.weights.publish(version, s.proxy.pool_of, after=fut, setup=True)
     console.print(f"resumed from {path} at version {version}")
-    return version
+    return path, version
 
 
-async def warm_start(s: Services, cfg: FlowConfig, metrics: MetricsWriter) -> int:
+async def warm_start(s: Services, cfg: FlowConfig, metrics: MetricsWriter, record: Callable | None = None) -> int:
     """Imitate each task's expert before RL (demonstrations played on the env workers, SFT on the
     trainer) and publish the result: the first held-out evaluation then measures the warm-started
-    policy, so it is never counted as RL gain. Returns the published version."""
+    policy, so it is never counted as RL gain. Returns the published version; ``record`` is given the trainer call
+    (version, stage, function, arguments), to be replayed on a re-created trainer (control/recovery.py)."""
     ws, t0 = cfg.warmstart, time.monotonic()
     tasks_by_name = {t.name: t for t in cfg.tasks}
     names = ws.tasks or list(tasks_by_name)
@@ -103,10 +108,12 @@ async def warm_start(s: Services, cfg: FlowConfig, metrics: MetricsWriter) -> in
                 "seeds": [rng.randrange(0, cfg.eval.start_seed) for _ in range(ws.episodes)]}
         futs.append(s.d.submit_one("warmstart-demos", tasks.env_expert_demos, item, pool="CPU", worker=cpu[i % len(cpu)]))
     demos = [d for batch in await asyncio.gather(*futs) for d in batch]
-    fut = s.d.submit_one("warmstart", tasks.trainer_warm_start, demos, ws.steps, ws.batch, ws.lr, cfg.seed, ws.tasks,
-                         pool="TRAIN", worker=s.trainer)
+    args = (demos, ws.steps, ws.batch, ws.lr, cfg.seed, ws.tasks)
+    fut = s.d.submit_one("warmstart", tasks.trainer_warm_start, *args, pool="TRAIN", worker=s.trainer)
     m = await fut
     version = int(m.pop("version"))
+    if record is not None:
+        record(version, "warmstart", tasks.trainer_warm_start, *args)
     s.weights.publish(version, s.proxy.pool_of, after=fut, setup=True)
     per_task = Counter(d["task"] for d in demos)
     row = {"kind": "warmstart", "step": version, "version": version, "turns_per_task": dict(per_task), "elapsed_s": time.monotonic() - t0, **m}

@@ -9,6 +9,7 @@ names it by its topic); streamed ones start their items and answer each as soon 
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 
 from distributed import get_worker
@@ -216,12 +217,29 @@ def engine_reset_prefix_cache_batch(items: list[dict], reply=None):
     return _reply(items, _per_item(lambda item: engine.reset_prefix_cache(), items), reply)
 
 
-def trainer_step(samples: list[dict], _after=None) -> dict:
+# One trainer call at a time in this process, and the last Train's answer: a Train submitted again (the client lost
+# the scheduler and, with it, the first one's future) while or after the first one ran trains nothing twice.
+_trainer_lock = threading.Lock()
+_last_train: dict = {}
+
+
+def trainer_step(samples: list[dict], _after=None, batch_id: str | None = None) -> dict:
     from rollart_dask.algo.samples import version_lag
 
     trainer = service(TRAINER)
-    lag = version_lag(samples, trainer.version)  # per-token versions: how off-policy the batch is, token by token
-    return {**trainer.train_step(samples), **lag}
+    with _trainer_lock:
+        if batch_id is not None and _last_train.get("batch_id") == batch_id:
+            return dict(_last_train["result"])
+        lag = version_lag(samples, trainer.version)  # per-token versions: how off-policy the batch is, token by token
+        result = {**trainer.train_step(samples), **lag}
+        _last_train.update(batch_id=batch_id, result=dict(result))
+        return result
+
+
+def trainer_settled() -> int:
+    """The trainer's version once no trainer call runs (the client cannot tell whether a Train whose future it lost ran)."""
+    with _trainer_lock:
+        return service(TRAINER).version
 
 
 def trainer_warm_start(demos: list[dict], steps: int, batch: int, lr: float, seed: int, shares: dict | None) -> dict:
@@ -235,7 +253,28 @@ def env_expert_demos(item: dict) -> list[dict]:
 
 
 def trainer_checkpoint(path: str, _after=None) -> str:
-    return service(TRAINER).save_checkpoint(path)
+    """Written beside ``path`` and renamed into place once whole: a write that fails (a full disk) leaves no
+    checkpoint that looks complete, and none of its partial files."""
+    from pathlib import Path
+
+    final = Path(path)
+    partial = final.with_name(final.name + ".partial")
+    with _trainer_lock:  # (two writes of one step, the second submitted after the client lost the first's future)
+        return _write_checkpoint(final, partial)
+
+
+def _write_checkpoint(final, partial) -> str:
+    import os
+    import shutil
+
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        service(TRAINER).save_checkpoint(partial)
+        shutil.rmtree(final, ignore_errors=True)  # (a resumed run writes a step's checkpoint again)
+        os.replace(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return str(final)
 
 
 def trainer_restore(path: str) -> int:

@@ -25,6 +25,20 @@ SYSTEM_MONITOR = "distributed.admin.system-monitor.interval"
 NANNY_MONITOR_INTERVAL = "10s"
 
 
+# the scheduler's Active Memory Manager drops the extra replicas of a key, first those on the worker using the most memory:
+# the trainer's. A published version (manifest, buckets) was then held by one engine alone and lost with it, and the next
+# Train and a joining engine's stage were "already forgotten". Off on the embedded cluster; stopped on an attached one.
+AMM_OFF = {"DASK_DISTRIBUTED__SCHEDULER__ACTIVE_MEMORY_MANAGER__START": "False"}
+
+
+async def keep_replicas(client) -> bool:
+    """Stop the scheduler's Active Memory Manager (see AMM_OFF); True when it was running."""
+    if not await client.scheduler.amm_handler(method="running"):
+        return False
+    await client.scheduler.amm_handler(method="stop")
+    return True
+
+
 def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
     """Every server binds ``cfg.listen`` (the workers' HTTP servers too); ``security``: TLS, else plain TCP."""
     host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen
@@ -50,7 +64,7 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
             },
         }
     kwargs = {"host": cfg.listen, "protocol": "tls" if security else "tcp", "dashboard_address": cfg.dashboard_address}
-    scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": kwargs, "env": scheduler_env(security)}}
+    scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": kwargs, "env": {**scheduler_env(security), **AMM_OFF}}}
     return {"workers": workers, "scheduler": scheduler, "security": security}
 
 

@@ -61,9 +61,12 @@ class LocalMaster:
     def metadata_server(self) -> str:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
-    def start(self, timeout_s: float = 20) -> "LocalMaster":
-        master = [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1", "--enable_http_metadata_server=false",
+    def _master_cmd(self) -> list[str]:
+        return [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1", "--enable_http_metadata_server=false",
                   "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ms}"]
+
+    def start(self, timeout_s: float = 20) -> "LocalMaster":
+        master = self._master_cmd()
         metadata = [sys.executable, "-m", "mooncake.http_metadata_server", "--host=127.0.0.1", f"--port={self.http_port}", "--log-level=WARNING"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # their periodic metrics go to a file, never to an unread pipe
@@ -82,6 +85,21 @@ class LocalMaster:
             time.sleep(0.1)
         self.stop()
         raise MooncakeError(f"mooncake_master did not listen on ports {self.rpc_port}/{self.http_port} within {timeout_s:.0f} s; see {self.log_path}")
+
+    def kill_master(self) -> None:
+        """The master process killed (the chaos suite): every object it knew of is gone; the metadata server stays."""
+        self.procs[0].kill()
+        self.procs[0].wait()
+
+    def restart_master(self, timeout_s: float = 20) -> None:
+        """A fresh master on the same port (the chaos suite): the clients' heartbeats find it and mount their segments again."""
+        with open(self.log_path, "ab") as log:
+            self.procs[0] = subprocess.Popen(self._master_cmd(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while not _accepts(self.rpc_port):
+            if self.procs[0].poll() is not None or time.monotonic() > deadline:
+                raise MooncakeError(f"mooncake_master did not start again on port {self.rpc_port}; see {self.log_path}")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         for proc in self.procs:

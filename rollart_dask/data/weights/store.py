@@ -19,11 +19,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from rollart_dask.config import WeightsConfig
 from rollart_dask.data.weights import worker
 from rollart_dask.data.weights.mooncake import LocalMaster, close_clients
+
+
+LOST_GRACE_S = 3.0  # how long a failed transfer waits to learn that the trainer's worker was lost (the monitor looks each second)
 
 
 class WeightStore:
@@ -39,6 +43,10 @@ class WeightStore:
         self._kept: dict[int, tuple] = {}  # the last two versions' (publish future, buckets future | None): what a joining engine stages
         self.lost: set[str] = set()  # engines that left: a stage of theirs that fails is not the transfer's failure
         self._in_flight: dict = {}  # engine → its stage task of the version being pulled
+        self._joining: dict = {}  # engine → its stage task while it joins (control/elastic.py)
+        self.digests: dict[int, list[str]] = {}  # the last versions' bucket checksums (a re-created trainer's are compared)
+        self._replacing: asyncio.Future | None = None  # the trainer was lost: what a wait for the transfer waits on instead
+        self.counts: Counter = Counter()  # (the run's counts)
 
     @property
     def kind(self) -> str:
@@ -66,7 +74,7 @@ class WeightStore:
         publish's futures as arguments — so it goes on without the client, ahead of the next Train on the
         trainer's worker; ``publishing`` (the publish task's future) is what that Train is ordered after.
         ``setup``: published before rollout (warm start, resume), left out of the run's means."""
-        if self._staging is not None and not self._staging.done():
+        if self._staging is not None and not self._staging.done() and self._staging is not self._replacing:
             raise RuntimeError(f"weights v{version} published while the previous version is still being staged")
         spec = {**self.spec(), "engine_pools": sorted(engines.values())}  # (an emulated engine times its pull by them)
         published = self.publishing = self.d.submit_one("publish-weights", worker.trainer_publish, version, spec, after,
@@ -82,7 +90,11 @@ class WeightStore:
             self._in_flight = dict(staged)
             # pulled at Update, the transfer begins with this submission; in the background, where the publish began
             submitted = time.time() if self.cfg.pull == "at_update" and not setup else None
-            self._staging = asyncio.ensure_future(self._timed(version, published, staged, setup, submitted))
+            staging = asyncio.ensure_future(self._timed(version, published, staged, setup, submitted, dict(engines), spec))
+            if self._replacing is not None:  # the re-created trainer's publish: a wait for the lost one's gets this one
+                _chain(staging, self._replacing)
+                staging, self._replacing = self._replacing, None
+            self._staging = staging
 
         if self.cfg.pull == "at_update" and not setup:
             self._deferred = stage
@@ -100,34 +112,68 @@ class WeightStore:
         ``engine_pools``: every engine's pool (an emulated engine times its pull by them)."""
         if version not in self._kept:
             raise RuntimeError(f"weights v{version} are no longer kept for a joining engine (kept: {sorted(self._kept)})")
-        return self._stage(version, address, pool, {**self.spec(), "engine_pools": sorted(engine_pools)})
+        fut = self._joining[address] = self._stage(version, address, pool, {**self.spec(), "engine_pools": sorted(engine_pools)})
+        return fut
 
     def engine_lost(self, address: str) -> None:
         """A stage task pinned to a departed engine would wait for it for ever (Dask keeps it, no worker can run it):
         cancelled, it ends the wait, and the transfer goes on without that engine."""
         self.lost.add(address)
-        fut = self._in_flight.pop(address, None)
-        if fut is not None and not fut.done():
-            asyncio.ensure_future(self.d.client.cancel([fut]))
+        for staging in (self._in_flight, self._joining):
+            fut = staging.pop(address, None)
+            if fut is not None and not fut.done():
+                asyncio.ensure_future(self.d.client.cancel([fut]))
 
-    async def _timed(self, version: int, published, staged: dict, setup: bool, submitted: float | None) -> dict:
+    def trainer_lost(self) -> None:
+        """The trainer's worker is gone, and what it published with it (Dask cannot recompute a publish): the stages in
+        flight are cancelled, and a wait for the transfer waits for the re-created trainer's publish instead
+        (control/recovery.py publishes the same version again)."""
+        for fut in [*self._in_flight.values(), *self._joining.values()]:
+            if not fut.done():
+                asyncio.ensure_future(self.d.client.cancel([fut]))
+        self._in_flight, self._joining, self._kept, self._deferred = {}, {}, {}, None
+        old, self._replacing = self._staging, asyncio.get_running_loop().create_future()
+        self._staging = self._replacing
+        if old is not None and not old.done():
+            old.cancel()
+
+    async def _timed(self, version: int, published, staged: dict, setup: bool, submitted: float | None, engines: dict, spec: dict) -> dict:
         """The transfer's window in wall-clock time from instants that a busy client loop cannot move later: the
         stage's submission (pulled at Update) or the publish's start on the trainer (in the background), to the
         moment the client holds every engine's answer. (Timing the start where this coroutine first ran shortened
         the window by however long the loop took to get to it.)"""
         manifest = await published
+        self.digests = {v: d for v, d in self.digests.items() if v >= version - 2}
+        self.digests[version] = [b["sha256"] for b in manifest["buckets"]]
         t0 = submitted if submitted is not None else manifest["started_at"]
         t_published = max(t0, time.time())
-        addresses = list(staged)
-        results = await asyncio.gather(*(staged[a] for a in addresses), return_exceptions=True)
-        for address, r in zip(addresses, results):
-            if isinstance(r, BaseException) and address not in self.lost:
-                raise r
+        results = await self._gather_staged(version, staged, engines, spec)
         rows = [r for r in results if not isinstance(r, BaseException)]
         done = time.time()
         return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(rows),
                 "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
                 "transfer_s": done - t0, "setup": setup, "_window": (t0, done)}
+
+    async def _gather_staged(self, version: int, staged: dict, engines: dict, spec: dict, tries: int = 3) -> list:
+        """Every engine's stage answer (a lost engine's: its error). With Mooncake, stages that found no bucket (the master
+        was restarted: it knows no object of before) are sent again once the trainer has put its kept copy back."""
+        for attempt in range(1, tries + 1):
+            addresses = list(staged)
+            results = await asyncio.gather(*(staged[a] for a in addresses), return_exceptions=True)
+            failed = {a: r for a, r in zip(addresses, results) if isinstance(r, BaseException) and a not in self.lost}
+            if not failed:
+                return results
+            error = next(iter(failed.values()))
+            if self.kind != "mooncake" or attempt == tries or not isinstance(error, KeyError):
+                raise error
+            await self.d.submit_one("republish-weights", worker.trainer_put_again, version, spec, pool="TRAIN", worker=self.trainer)
+            self.counts["weights_put_again"] += 1
+            for a in failed:
+                fut = self._stage(version, a, engines[a], spec)
+                if self._in_flight.get(a) is staged[a]:  # (what engine_lost cancels)
+                    self._in_flight[a] = fut
+                staged[a] = fut
+        raise AssertionError("unreachable")
 
     async def wait_staged(self) -> dict:
         """Before Update: wait for the rest of the pull (``waited_s``; rollout and training go on meanwhile); its transfer record.
@@ -138,11 +184,24 @@ class WeightStore:
         if self._staging is None:
             raise RuntimeError("no weights were published to swap in")
         t0 = time.time()
-        try:
-            row = await asyncio.wait_for(asyncio.shield(self._staging), self.cfg.timeout_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
-                               f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
+        while True:
+            staging = self._staging
+            try:
+                row = await asyncio.wait_for(asyncio.shield(staging), self.cfg.timeout_s)
+                break
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
+                                   f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
+            except (Exception, asyncio.CancelledError) as e:
+                if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                    raise  # the run stops
+                # a worker that leaves fails its tasks before the run's monitor sees it go: if it held the trainer, the
+                # re-created trainer's publish of the same version replaces this transfer within moments (trainer_lost)
+                deadline = time.monotonic() + LOST_GRACE_S
+                while staging is self._staging and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                if staging is self._staging:
+                    raise
         start, done = row["_window"]  # the transfer's own instants (_timed): waited_s is the part of it the loop waited through
         waited = max(0.0, done - max(start, t0))
         row = {**{k: v for k, v in row.items() if k != "_window"}, "waited_s": waited, "hidden_s": row["transfer_s"] - waited}
@@ -175,3 +234,19 @@ class WeightStore:
         if self.master is not None:
             await asyncio.to_thread(self.master.stop)
             self.master = None
+
+
+def _chain(source: asyncio.Future, target: asyncio.Future) -> None:
+    """``target`` ends as ``source`` does; cancelling ``target`` cancels ``source``."""
+    def copy(f: asyncio.Future) -> None:
+        if target.done():
+            return
+        if f.cancelled():
+            target.cancel()
+        elif f.exception() is not None:
+            target.set_exception(f.exception())
+        else:
+            target.set_result(f.result())
+
+    source.add_done_callback(copy)
+    target.add_done_callback(lambda t: source.cancel() if t.cancelled() else None)

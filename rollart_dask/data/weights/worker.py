@@ -15,6 +15,10 @@ from rollart_dask.data.weights.buckets import publish_buckets, verify
 
 _published: dict[int, list[bytes]] = {}  # trainer process, store=dask: version → bucket bytes not yet handed to Dask
 _keys: dict[int, list[str]] = {}  # trainer process, store=mooncake: version → its keys (for garbage collection)
+# trainer process, store=mooncake: version → its bucket bytes, the versions kept: put again should a restarted master have
+# lost them (a master holds what it knows of only in memory). The price: keep_versions copies of the weights in host memory.
+_blobs: dict[int, list[bytes]] = {}
+PUT_RETRY_S = 30.0  # a master that does not answer (restarting) is waited for this long before a publish fails
 _staged: dict[int, dict] = {}  # engine process: version → pulled, verified weights waiting for the swap
 
 
@@ -43,14 +47,9 @@ def trainer_publish(version: int, spec: dict, _after=None) -> dict:
             raise ValueError(f"weights.mooncake.buffer_mb={spec['buffer_mb']} is too small for tensor {e['names'][0]} "
                              f"({e['nbytes'] / 2**20:.0f} MiB in one bucket): raise buffer_mb above it")
         store = _mooncake(spec)
-        keys = [_key(spec, version, i) for i in range(len(blobs))]
-        for key, data in zip(keys, blobs):
-            rc = store.put(key, data)
-            if rc != 0:
-                raise RuntimeError(f"mooncake put of {key} ({len(data) >> 20} MiB) failed with code {rc}: the store may be full "
-                                   f"(weights.mooncake.segment_mb={spec['segment_mb']} per process, {spec['keep_versions']} versions kept)")
-        _keys[version] = keys
+        _keys[version], _blobs[version] = _put(store, spec, version, blobs), list(blobs)
         for old in [v for v in _keys if v <= version - spec["keep_versions"]]:
+            _blobs.pop(old, None)
             for key in _keys.pop(old):
                 store.remove(key, True)  # engines moved past it: Update waits for every engine's pull
     else:
@@ -60,6 +59,27 @@ def trainer_publish(version: int, spec: dict, _after=None) -> dict:
     manifest["publish_s"] = time.perf_counter() - t0
     manifest["started_at"] = started_at
     return manifest
+
+
+def _put(store, spec: dict, version: int, blobs: list[bytes]) -> list[str]:
+    keys = [_key(spec, version, i) for i in range(len(blobs))]
+    for key, data in zip(keys, blobs):
+        deadline = time.monotonic() + PUT_RETRY_S
+        while (rc := store.put(key, data)) != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mooncake put of {key} ({len(data) >> 20} MiB) failed with code {rc} for {PUT_RETRY_S:.0f} s: the master "
+                                   f"does not answer, or the store is full (weights.mooncake.segment_mb={spec['segment_mb']} per "
+                                   f"process, {spec['keep_versions']} versions kept)")
+            time.sleep(0.5)
+    return keys
+
+
+def trainer_put_again(version: int, spec: dict) -> int:
+    """store=mooncake: put ``version``'s buckets again (the master was restarted and knows no object of before)."""
+    if version not in _blobs:
+        raise KeyError(f"weights v{version} are no longer kept by the trainer (kept: {sorted(_blobs)})")
+    _put(_mooncake(spec), spec, version, _blobs[version])
+    return version
 
 
 def trainer_buckets(version: int, _after=None) -> list[bytes]:

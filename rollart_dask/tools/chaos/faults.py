@@ -7,20 +7,39 @@ dies at once (``os._exit``), which its Nanny restarts, or for good (the Nanny is
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 import time
+from pathlib import Path
 
 from distributed import Nanny
 from distributed.core import Status
 
 from rollart_dask.config import ClusterConfig, WorkerSpec
 from rollart_dask.resource.cluster import cluster_spec
-from rollart_dask.tools.chaos.scenarios import Fault, Scenario
+from rollart_dask.tools.chaos.scenarios import TRAINER, Fault, Scenario
 
 
 async def _exit_now(dask_worker=None) -> None:  # runs on the worker: dies as a crashed machine would, mid-work
     os._exit(1)
+
+
+def _disk_full(full: bool, dask_worker=None) -> None:
+    """EMULATED: the trainer's checkpoint writes run out of space (a first file written, then ENOSPC), or no longer."""
+    from rollart_dask.data.plugins import TRAINER
+
+    trainer = dask_worker.plugins[TRAINER].service
+    if not full:
+        trainer.__dict__.pop("save_checkpoint", None)
+        return
+
+    def out_of_space(path):
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "model.safetensors").write_bytes(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path / "model.safetensors"))
+    trainer.save_checkpoint = out_of_space
 
 
 class Injector:
@@ -32,6 +51,7 @@ class Injector:
         self.errors: list[str] = []
         self.run = None
         self._task: asyncio.Task | None = None
+        self._later: set[asyncio.Task] = set()  # faults fired a delay into their moment
 
     def attach(self, run) -> None:
         """``on_ready`` of run_flow: watch this run. A fault for mid-Train fires as the Train is submitted, one for
@@ -49,7 +69,10 @@ class Injector:
                 out = await call(*args, **kwargs)
             for entry in [e for e in self.pending if e[0].moment == moment and self._steps() >= e[0].after_step]:
                 self.pending.remove(entry)
-                await self._fire(entry[0], self._steps())
+                if entry[0].delay_s:  # this long into the Train (or the swap): fired while the run goes on
+                    self._later.add(asyncio.ensure_future(self._fire(entry[0], self._steps(), entry[0].delay_s)))
+                else:
+                    await self._fire(entry[0], self._steps())
             return out if moment == "train" else await call(*args, **kwargs)
         return hooked
 
@@ -68,7 +91,8 @@ class Injector:
                     self.pending.remove(entry)
                     await self._fire(fault, self._steps())
 
-    async def _fire(self, fault: Fault, steps: int) -> None:
+    async def _fire(self, fault: Fault, steps: int, delay_s: float = 0.0) -> None:
+        await asyncio.sleep(delay_s)
         t0 = time.monotonic()
         try:
             await getattr(self, fault.action)(fault.target)
@@ -77,12 +101,15 @@ class Injector:
         self.fired.append({"fault": fault, "what": fault.describe(), "at_step": steps, "at_s": round(t0 - self.run.t_start, 2)})
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in [self._task, *self._later]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in [self._task, *self._later] if t is not None), return_exceptions=True)
 
     # -- actions ------------------------------------------------------------------------------------
     async def _address(self, name: str) -> str:
+        if name == TRAINER:  # whichever worker holds it now
+            return self.run.services.trainer
         info = (await self.run.client.scheduler.identity())["workers"]
         found = [a for a, w in info.items() if w.get("name") == name]
         if not found:
@@ -101,8 +128,14 @@ class Injector:
         if nanny is None:
             raise LookupError(f"no Nanny of {name} in this process")
         nanny.status = Status.closing_gracefully  # its worker's exit closes the Nanny instead of restarting it
-        cluster.worker_spec.pop(name, None)
+        cluster.worker_spec.pop(self.run.services.poolmap.name(address), None)
         await self.run.client.run(_exit_now, workers=[address], wait=False)
+
+    async def fill_disk(self, name: str) -> None:
+        await self.run.client.run(_disk_full, True, workers=[await self._address(name)])
+
+    async def free_disk(self, name: str) -> None:
+        await self.run.client.run(_disk_full, False, workers=[await self._address(name)])
 
     async def add_worker(self, target: str) -> None:
         name, pools = target.split(":", 1)
@@ -111,6 +144,22 @@ class Injector:
                             cluster.security)
         cluster.worker_spec[name] = spec["workers"][name]
         await cluster._correct_state()
+
+    async def drop_scheduler(self, _: str = "") -> None:
+        """The client's connection to the scheduler cut, as a network blip would; the client dials again by itself."""
+        await self.run.client.scheduler_comm.comm.close()
+
+    async def kill_mooncake_master(self, _: str = "") -> None:
+        await asyncio.to_thread(self._master().kill_master)
+
+    async def restart_mooncake_master(self, _: str = "") -> None:
+        await asyncio.to_thread(self._master().restart_master)
+
+    def _master(self):
+        master = self.run.services.weights.master
+        if master is None:
+            raise RuntimeError("no local mooncake_master in this run (weights.store=mooncake on the embedded default starts one)")
+        return master
 
     async def kill_endpoint(self, _: str = "") -> None:
         await asyncio.to_thread(self._endpoint().kill)

@@ -9,6 +9,7 @@ import asyncio
 import copy
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,7 +94,21 @@ def lost_samples(result: dict, rows: list[dict], cfg: FlowConfig) -> int:
     return a["unaccounted"] + a["conflicts"] + a["trained_twice"] + a["trained_without_reward"] + short
 
 
-async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: int) -> dict:
+def checkpoints(out: Path) -> dict:
+    """What a run left under OUT/checkpoints: whole ones, partial ones (a failed write must leave none), and whether
+    ``latest`` names a whole one (weights and optimizer state)."""
+    root = out / "checkpoints"
+    dirs = [p for p in root.iterdir() if p.is_dir()] if root.exists() else []
+    whole = sorted(p.name for p in dirs if p.name.startswith("step-") and (p / "trainer_state.pt").exists())
+    latest = root / "latest"
+    return {"whole": whole, "partial": sorted(p.name for p in dirs if p.name not in whole),
+            "latest_whole": latest.exists() and Path(latest.read_text().strip()).name in whole}
+
+
+LIMIT_S = 900.0  # a scenario's run that has not ended by then hangs: a failed row, never a suite that waits for ever
+
+
+async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: int, limit_s: float = LIMIT_S) -> dict:
     from rollart_dask.entry.api import run_flow
 
     injector, ends = Injector(scenario, seed), {}
@@ -108,14 +123,18 @@ async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: i
     row: dict = {}
     t0 = time.monotonic()
     try:
-        result = await run_flow(cfg, out, on_ready=injector.attach, on_stopped=stopped)
+        try:
+            result = await asyncio.wait_for(run_flow(cfg, out, on_ready=injector.attach, on_stopped=stopped), limit_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the run had not ended after {limit_s:.0f} s: it hangs") from None
         rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
         row.update(completed=True, steps=result["steps"], elapsed_s=result["elapsed_s"], accounting=result["accounting"],
-                   samples_lost=lost_samples(result, rows, cfg), counts=result["counts"])
+                   samples_lost=lost_samples(result, rows, cfg), counts=result["counts"], checkpoints=checkpoints(out))
     except Exception as e:  # noqa: BLE001 - a scenario that fails is a row of the table, with its error
         row.update(completed=False, error=f"{type(e).__name__}: {e}"[:400], elapsed_s=time.monotonic() - t0)
     row.update(faults=[f["what"] for f in injector.fired], fired_at=[(f["at_step"], f["at_s"]) for f in injector.fired],
-               inject_errors=injector.errors, envs=ends.get("envs"), steps_redone=0)
+               inject_errors=injector.errors, envs=ends.get("envs"),
+               steps_redone=row.get("counts", {}).get("steps_redone", 0))  # replayed on a re-created trainer
     if injector.pending:
         row["inject_errors"].append(f"{len(injector.pending)} fault(s) never fired: the run ended first")
     return row
@@ -175,13 +194,15 @@ def _adam_steps(checkpoint: Path) -> int:
     return int(max(float(s["step"]) for s in state.values()))
 
 
-def run_scenario(base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0, budget: tuple[str, ...] = TINY) -> dict:
+def run_scenario(base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0, budget: tuple[str, ...] = TINY,
+                 limit_s: float = LIMIT_S) -> dict:
     cfg = scenario_flow(base, scenario, budget)
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (a run appends to an OUT's metrics)
     before = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     if any(f.action == "kill_process" for f in scenario.faults):
         row = run_killed_and_resumed(cfg, scenario, out, seed)
     else:
-        row = asyncio.run(run_in_process(cfg, scenario, out, seed))
+        row = asyncio.run(run_in_process(cfg, scenario, out, seed, limit_s))
     after = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     envs = row.get("envs") or {}
     row.update(scenario=scenario.name, description=scenario.description, emulated=scenario.emulated,
