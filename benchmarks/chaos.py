@@ -22,7 +22,7 @@ from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 from rollart_dask.tools.chaos.runner import TINY
 from rollart_dask.tools.chaos.scenarios import select
-from rollart_dask.tools.chaos.suite import run_suite
+from rollart_dask.tools.chaos.suite import run_suite, slowdown
 
 
 @click.command()
@@ -38,7 +38,8 @@ def main(flow: str, scenario: str, repeats: int, steps: int, out: str) -> None:
     for r in range(repeats):
         rows = run_suite(base, scenarios, Path(out) / f"repeat-{r}", seed=1000 * r, budget=budget, echo=console.print)
         for row in rows:
-            row["slowdown"] = row["elapsed_s"] / rows[0]["elapsed_s"] if row.get("completed") and rows[0].get("completed") else None
+            comparable = row.get("completed") and rows[0].get("completed") and not row.get("own_workload")
+            row["slowdown"] = slowdown(row, rows[0]) if comparable else None
             by_name.setdefault(row["scenario"], []).append(row)
     t = Table(title=f"chaos suite × {repeats}", show_lines=True)
     for c in ("scenario", "completed", "most samples lost", "median slowdown", "most leaked envs / processes", "errors"):

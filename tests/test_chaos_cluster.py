@@ -15,7 +15,7 @@ BUDGET = ("trainer.steps=6", "rollout.batch_groups=4", "eval.every=0", "eval.see
 SLOW = {"env-faults", "reward-endpoint-faults", "process-kill-resume", "code-env-worker-restart", "mooncake-master-restart"}  # tens of seconds each: the slow stage
 # what each scenario must have made the runtime do (beyond completing with nothing lost)
 EXPECT = {"env-worker-restart": {"workers_lost": 1, "relaunched": 1}, "env-worker-lost": {"workers_lost": 1},
-          "env-worker-lost-mid-train": {"workers_lost": 1}, "reward-worker-restart": {"workers_lost": 1},
+          "env-worker-lost-mid-train": {"workers_lost": 1}, "reward-worker-restart": {"workers_lost": 1}, "reward-worker-lost": {"workers_lost": 1, "reward_errors": 1},
           "engine-worker-restart": {"engines_lost": 1, "engines_joined": 1}, "engine-worker-restart-mid-update": {"engines_lost": 1, "engines_joined": 1},
           "elastic-engine": {"engines_joined": 1, "engines_lost": 1}, "elastic-env": {"workers_lost": 1},
           "env-faults": {"failed": 1, "relaunched": 1}, "checkpoint-disk-full": {"checkpoint_failed": 2},
@@ -73,3 +73,13 @@ def test_a_final_checkpoint_that_cannot_be_written_ends_the_run_saying_where_and
     assert "final checkpoint could not be written" in row["error"] and "after 3 tries" in row["error"], row["error"]
     assert "No space left on device" in row["error"] and "there is none yet" in row["error"], row["error"]
     assert not list((tmp_path / "checkpoints").glob("step-*")), "a failed write left a checkpoint behind"
+
+
+def test_the_table_compares_seconds_per_planned_step_and_marks_a_failed_run():
+    from rollart_dask.tools.chaos.suite import cells
+
+    base = {"scenario": "baseline", "completed": True, "elapsed_s": 5.0, "steps_planned": 10, "samples_lost": 0}
+    longer = {"scenario": "elastic-env", "completed": True, "elapsed_s": 18.0, "steps_planned": 24, "samples_lost": 0, "faults": ["add worker"]}
+    failed = {"scenario": "x", "completed": False, "error": "TimeoutError: it hangs", "elapsed_s": 240.0, "steps_planned": 6}
+    assert cells(base, base)[5] == "1.00×" and cells(longer, base)[5] == "1.50×"  # 0.75 s/step against 0.5 s/step
+    assert cells(failed, base)[2] == "no: TimeoutError: it hangs" and cells(failed, base)[3] == cells(failed, base)[5] == "–"

@@ -205,7 +205,8 @@ def run_scenario(base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0,
         row = asyncio.run(run_in_process(cfg, scenario, out, seed, limit_s))
     after = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     envs = row.get("envs") or {}
-    row.update(scenario=scenario.name, description=scenario.description, emulated=scenario.emulated,
+    row.update(scenario=scenario.name, description=scenario.description, emulated=scenario.emulated, steps_planned=cfg.trainer.steps,
+               own_workload=scenario.own_workload,
                leaked_envs=envs.get("open") if envs else None,
                leaked_processes=after["processes"] - before["processes"] + row.get("leftover_processes", 0),
                leaked_containers=None if before["containers"] is None else after["containers"] - before["containers"])

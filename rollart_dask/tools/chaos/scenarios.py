@@ -41,6 +41,7 @@ class Scenario:
     emulated: str = ""  # what of it is injected through flow keys, for the table
     extra_workers: tuple[str, ...] = field(default=())  # "name:POOL,POOL" added to the flow's cluster before the run
     min_steps: int = 0  # a run must outlast its faults (a worker that is added takes seconds to start)
+    own_workload: bool = False  # another task than the flow's: its time is no slowdown against the baseline
 
 
 ENV_FAULTS = ('tasks.0.inject={"seed": 7, "reset_fail": 0.10, "step_fail": 0.05, "hang_p": 0.01, "hang_s": 30}',
@@ -75,6 +76,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              emulated="env reset 10% / step 5% failures, 1% hangs of 30 s (timeout 2 s)"),
     Scenario("reward-worker-restart", "the reward worker's process killed mid-rollout and restarted by its Nanny",
              (Fault("restart_worker", "reward-0", "rollout", 1),)),
+    Scenario("reward-worker-lost", "one of two reward workers lost for good mid-rollout: its reward calls fail over to the other",
+             (Fault("lose_worker", "reward-1", "rollout", 1),), extra_workers=("reward-1:SERVERLESS,REWARD",)),
     Scenario("reward-endpoint-faults", "serverless rewards; the endpoint answers 429 10%, 500 5%, 1.5 s late 5%", overrides=ENDPOINT_FAULTS,
              emulated="endpoint 429 10% / 500 5% / slow 5%"),
     Scenario("reward-endpoint-restart", "serverless rewards; the endpoint process killed mid-rollout, restarted 2 s later",
@@ -89,7 +92,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              overrides=("weights.store=mooncake", "weights.pull=at_update")),
     Scenario("code-env-worker-restart", "the code-sandbox task: its env worker's process killed mid-rollout, sandboxed runs in "
              "flight; the suite counts sandbox processes before and after", (Fault("restart_worker", "cpu-0", "rollout", 1),),
-             overrides=CODE_TASK),
+             overrides=CODE_TASK, own_workload=True),
     Scenario("elastic-env", "an env worker added after step 1, the original one lost for good after step 3",
              (Fault("add_worker", "cpu-9:CPU", "rollout", 1), Fault("lose_worker", "cpu-0", "rollout", 3)), min_steps=24),
     Scenario("checkpoint-disk-full", "every step checkpointed; the disk is full for the checkpoint writes from step 2 to step 5: "

@@ -32,11 +32,18 @@ def cells(row: dict, baseline: dict) -> list[str]:
     if row.get("inject_errors"):
         faults += f" (not injected: {'; '.join(row['inject_errors'])})"
     done = "yes" if row.get("completed") else f"no: {row.get('error', '')}"
-    slow = (f"{row['elapsed_s'] / baseline['elapsed_s']:.2f}×" if row.get("completed") and baseline.get("completed") and baseline is not row
-            else ("1.00×" if baseline is row and row.get("completed") else "–"))
+    slow = f"{slowdown(row, baseline):.2f}×" if row.get("completed") and baseline.get("completed") else "–"
+    if row.get("own_workload"):
+        slow = "– (another task)"
     leaks = " / ".join("–" if v is None else str(v) for v in (row.get("leaked_envs"), row.get("leaked_processes"), row.get("leaked_containers")))
     lost = str(row["samples_lost"]) if "samples_lost" in row else "–"
     return [row["scenario"], faults, done, lost, str(row.get("steps_redone", 0)), slow, leaks]
+
+
+def slowdown(row: dict, baseline: dict) -> float:
+    """Seconds per planned step against the fault-free run's (a scenario that must outlast its faults runs more steps)."""
+    per_step = lambda r: r["elapsed_s"] / r.get("steps_planned", 1)  # noqa: E731
+    return per_step(row) / per_step(baseline)
 
 
 def table(rows: list[dict]) -> Table:
