@@ -12,7 +12,9 @@ from rollart_dask.tools.chaos.runner import run_scenario
 from rollart_dask.tools.chaos.scenarios import SCENARIOS
 
 BUDGET = ("trainer.steps=6", "rollout.batch_groups=4", "eval.every=0", "eval.seeds=6", "observe.progress=false")
-SLOW = {"env-faults", "reward-endpoint-faults", "process-kill-resume", "code-env-worker-restart", "mooncake-master-restart"}  # tens of seconds each: the slow stage
+# the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 20 minutes
+SLOW = {"env-faults", "reward-endpoint-faults", "process-kill-resume", "code-env-worker-restart", "mooncake-master-restart",
+        "scheduler-connection-drop", "reward-worker-lost", "checkpoint-disk-full", "trainer-worker-restart-mid-update"}
 # what each scenario must have made the runtime do (beyond completing with nothing lost)
 EXPECT = {"env-worker-restart": {"workers_lost": 1, "relaunched": 1}, "env-worker-lost": {"workers_lost": 1},
           "env-worker-lost-mid-train": {"workers_lost": 1}, "reward-worker-restart": {"workers_lost": 1}, "reward-worker-lost": {"workers_lost": 1, "reward_errors": 1},
@@ -40,11 +42,11 @@ def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path):
     assert row["completed"], row.get("error")
     assert not row["inject_errors"] and len(row["faults"]) == len(SCENARIOS[name].faults), row
     assert row["samples_lost"] == 0 and row["accounting"]["unaccounted"] == 0, row["accounting"]
-    assert row["steps"] == max(6, SCENARIOS[name].min_steps), row  # one optimizer step per step: none trained twice, none lost
     assert row["leaked_processes"] == 0 and row["leaked_envs"] in (0, None), row
     if name == "process-kill-resume":
         assert row["continued"] and row["steps_redone"] >= 0, row  # the version and the optimizer's steps go on from the checkpoint
     else:
+        assert row["steps"] == max(6, SCENARIOS[name].min_steps), row  # one optimizer step per step: none trained twice, none lost
         assert row["envs"]["envs_made"] == row["envs"]["envs_closed"] > 0, row["envs"]
         assert not row["checkpoints"]["partial"] and row["checkpoints"]["latest_whole"], row["checkpoints"]  # failed writes leave none
         for key, least in EXPECT.get(name, {}).items():
