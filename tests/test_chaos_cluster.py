@@ -21,7 +21,7 @@ EXPECT = {"env-worker-restart": {"workers_lost": 1, "relaunched": 1}, "env-worke
           "engine-worker-restart": {"engines_lost": 1, "engines_joined": 1}, "engine-worker-restart-mid-update": {"engines_lost": 1, "engines_joined": 1},
           "elastic-engine": {"engines_joined": 1, "engines_lost": 1}, "elastic-env": {"workers_lost": 1},
           "env-faults": {"failed": 1, "relaunched": 1}, "checkpoint-disk-full": {"checkpoint_failed": 2},
-          "scheduler-connection-drop": {"scheduler_reconnects": 3, "train_resubmitted": 1}, 
+          "scheduler-connection-drop": {"scheduler_reconnects": 3, "train_resubmitted": 1},
           "code-env-worker-restart": {"workers_lost": 1, "relaunched": 1},
           **{name: {"trainer_recovered": 1, "trainer_replay_identical": 1, "steps_redone": 1}
              for name in ("trainer-worker-restart", "trainer-worker-restart-mid-update", "trainer-worker-lost")}}
