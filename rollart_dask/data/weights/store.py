@@ -17,6 +17,7 @@ the version, with generation suspended (Run.suspend), so all of the transfer is 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections import Counter
@@ -157,7 +158,7 @@ class WeightStore:
     async def _gather_staged(self, version: int, staged: dict, engines: dict, spec: dict, tries: int = 3) -> list:
         """Every engine's stage answer (a lost engine's: its error). With Mooncake, stages that found no bucket (the master
         was restarted: it knows no object of before) are sent again once the trainer has put its kept copy back."""
-        for attempt in range(1, tries + 1):
+        for attempt in itertools.count(1):
             addresses = list(staged)
             results = await asyncio.gather(*(staged[a] for a in addresses), return_exceptions=True)
             failed = {a: r for a, r in zip(addresses, results) if isinstance(r, BaseException) and a not in self.lost}
@@ -173,7 +174,6 @@ class WeightStore:
                 if self._in_flight.get(a) is staged[a]:  # (what engine_lost cancels)
                     self._in_flight[a] = fut
                 staged[a] = fut
-        raise AssertionError("unreachable")
 
     async def wait_staged(self) -> dict:
         """Before Update: wait for the rest of the pull (``waited_s``; rollout and training go on meanwhile); its transfer record.
