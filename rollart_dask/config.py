@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from rollart_dask.capabilities import pd_unsupported_reason
 from rollart_dask.resource.pools import AFFINITY_POOL, ENGINE_POOLS, EnginePool, Pool
@@ -130,6 +130,7 @@ class TaskConfig(Strict):
     env_concurrency: int | None = Field(None, ge=1, description="most live envs of this task per env worker (None: no limit)")
     eval_seeds: int | None = Field(None, ge=1, description="held-out seeds for this task (default: eval.seeds)")
     inject: dict[str, Any] | None = Field(None, description="EMULATED env latency/failure injection for ablations (see envs/inject.py)")
+    _affinity_from: str = PrivateAttr("flow")  # where the affinity came from (a decorator's declaration, said at start)
 
     @model_validator(mode="after")
     def _inject_spec(self):
@@ -395,6 +396,10 @@ class ObserveConfig(Strict):
 class FlowConfig(Strict):
     name: str = "flow"
     seed: int = 0
+    imports: list[str] = Field(default_factory=list, description="the user's own code: Python files (relative to the flow file) or module "
+                                                                 "names, imported by the client and every worker before the run; their "
+                                                                 "decorated envs and rewards (rollart_dask.env/reward) are then names a task "
+                                                                 "can use")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -418,6 +423,21 @@ class FlowConfig(Strict):
         unknown = sorted(set(self.warmstart.tasks or []) - set(names))
         if unknown:
             raise ValueError(f"warmstart.tasks: unknown task(s) {unknown}; tasks of this flow: {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _declared(self):
+        """A task whose flow leaves ``affinity`` unset takes its env's declared one (``@rollart_dask.env(affinity=...)``)."""
+        from rollart_dask.declare import declared
+        from rollart_dask.registry import ENVS
+
+        for t in self.tasks:
+            said = declared(ENVS, t.env).get("affinity")
+            if not said:
+                continue
+            if "affinity" not in t.model_fields_set:
+                t.affinity = said
+            t._affinity_from = "declared by @rollart_dask.env" if t.affinity == said else f"flow (its env declares {said})"
         return self
 
     @model_validator(mode="after")
@@ -562,15 +582,31 @@ def _child(node: Any, part: str, key: str, create: bool) -> Any:
 
 
 def load_flow(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> FlowConfig:
-    """Load a flow from YAML (or a dict), apply overrides, validate."""
+    """Load a flow from YAML, a Python flow file (rollart_dask/usercode.py) or a dict, apply overrides, import
+    the flow's ``imports`` (here; the run has the workers import them too), validate."""
+    from rollart_dask import usercode
+
+    base = None
     if data is None:
         p = Path(path)  # type: ignore[arg-type]
+        base = p.parent
         if not p.exists():
             raise FlowError(f"flow file not found: {p}")
-        data = yaml.safe_load(p.read_text()) or {}
+        if p.suffix == ".py":
+            try:
+                data = usercode.python_flow(p)
+            except usercode.UserCodeError as e:
+                raise FlowError(str(e)) from None
+        else:
+            data = yaml.safe_load(p.read_text()) or {}
         if not isinstance(data, dict):
             raise FlowError(f"{p}: a flow is a YAML mapping at top level")
     data = apply_overrides(copy.deepcopy(data), list(overrides or []))  # the caller's dict is left as it was
+    if isinstance(data.get("imports"), list):  # (anything else is left to validation, which names the key)
+        try:
+            data["imports"] = usercode.import_all(data["imports"], base)
+        except usercode.UserCodeError as e:
+            raise FlowError(str(e)) from None
     try:
         return FlowConfig.model_validate(data)
     except ValidationError as err:

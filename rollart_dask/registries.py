@@ -32,7 +32,8 @@ class Registry:
                 return obj
 
             return deco
-        if name in self._entries:
+        if name in self._entries and self._describe(self._entries[name]) != self._describe(target):
+            # (the same origin again is a module imported twice, e.g. reloaded: it replaces itself)
             raise ValueError(f"{self.kind} {name!r} is already registered (to {self._describe(self._entries[name])}); "
                              "choose another name")
         if isinstance(target, str) and ":" not in target:
@@ -45,6 +46,10 @@ class Registry:
         if name not in self._entries:
             raise UnknownName(f"unknown {self.kind} {name!r}; allowed: {', '.join(self.names())}")
         return name
+
+    def peek(self, name: str) -> Any:
+        """The entry as registered: the object, or its lazy "module:attr" when not yet imported."""
+        return self._entries[self.check(name)]
 
     def get(self, name: str) -> Any:
         target = self._entries[self.check(name)]

@@ -159,7 +159,7 @@ class EnvManager:
                 self.stage[tid] = "generate"
                 max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
                 c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate,
-                                              counted=not greedy)
+                                              counted=not greedy, task=task.name)
                 if budget is not None:
                     budget -= len(c.token_ids)
                 if traj.version is None:  # the version of its first token (a continued turn's is older than its last)

@@ -42,9 +42,17 @@ class LLMProxy:
         self._idle = asyncio.Event()
         self._idle.set()
         self.requests = 0
+        self.landed: Counter = Counter()  # (task, engine pool) → generate calls: where each task's generation went
         self.reissued = 0
         self.tokens = Counter()  # generated (every token an engine returned), discarded (restarted partials), continued
         self._rids = itertools.count()  # request ids: trajectory#n, unique within this proxy
+
+    def landed_by_task(self) -> dict[str, dict[str, int]]:
+        """Generate calls per task and engine pool (the decode pool's, when prefill/decode are disaggregated)."""
+        out: dict[str, dict[str, int]] = {}
+        for (task, pool), n in sorted(self.landed.items()):
+            out.setdefault(task, {})[pool] = n
+        return out
 
     @property
     def suspended(self) -> bool:
@@ -63,9 +71,9 @@ class LLMProxy:
         return addr
 
     async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
-                       emulate: dict | None = None, counted: bool = True) -> Completion:
+                       emulate: dict | None = None, counted: bool = True, task: str = "") -> Completion:
         """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it). ``counted``: its
-        tokens go into ``tokens`` (False for evaluation, which is never trained)."""
+        tokens go into ``tokens`` (False for evaluation, which is never trained). ``task``: whose call (``landed``)."""
         tokens = self.tokens if counted else Counter()
         prefix = Prefix()  # rollout.partial=continue: the response so far, across the versions that made it
         while True:
@@ -89,6 +97,7 @@ class LLMProxy:
                 self._peer[rid] = route.prefill_worker
                 self.load[route.prefill_worker] += 1
             self.requests += 1
+            self.landed[task, self.pool_of[addr]] += 1
             try:
                 fn = route or (tasks.generate_stream if self.streamed else tasks.generate_batch)
                 c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s,

@@ -46,21 +46,30 @@ class RewardPlane:
         self._prev: dict = {}
         self._prev_endpoint = (0.0, 0.0, 0.0)  # (environment lifetime s, billed s, handler s) at the last step
         self.stateful: list[str] = []  # rewards that need an engine: always on the REWARD pool
+        self.pinned: list[str] = []  # rewards declared stateless=False: always on the REWARD pool, scored in-process
         self.where: dict[str, str] = {}  # reward name → where it runs
         self.judge_model: str | None = None  # the judge engine's model, when a stateful reward is used
         self._t_prev: float | None = None  # when the counters' window began (start, then each step_stats)
 
-    def _stateful_rewards(self) -> list[str]:
-        from rollart_dask.registry import stateful_reward
+    def _kept_local(self) -> tuple[list[str], list[str]]:
+        """(stateful: need an engine, pinned: declared ``@rollart_dask.reward(stateless=False)``): both stay on REWARD."""
+        from rollart_dask.registry import get_reward, stateful_reward
 
-        found = []
+        stateful, pinned = [], []
         for reward in sorted({t.reward for t in self.cfg.tasks}):
             try:
                 if stateful_reward(reward) is not None:
-                    found.append(reward)
+                    stateful.append(reward)
+                elif getattr(get_reward(reward), "__rollart__", {}).get("stateless") is False:
+                    pinned.append(reward)
             except (ImportError, KeyError, AttributeError):
                 pass  # not importable here: a plain reward's own path reports it
-        return found
+        return stateful, pinned
+
+    @property
+    def kept_local(self) -> list[str]:
+        """The rewards whose calls go to the REWARD pool whatever the mode."""
+        return [*self.stateful, *self.pinned]
 
     def _judge_spec(self) -> dict:
         r = self.cfg.reward
@@ -70,7 +79,7 @@ class RewardPlane:
 
             model = str(prepare_model(self.cfg))
         self.judge_model = model if self.stateful else None
-        return {"stateful": list(self.stateful), "judge_model": model, "judge_max_batch": r.judge_max_batch, "seed": self.cfg.seed}
+        return {"stateful": list(self.stateful), "pinned": list(self.pinned), "judge_model": model, "judge_max_batch": r.judge_max_batch, "seed": self.cfg.seed}
 
     async def _check_reward_pool(self) -> None:
         """Stateful rewards of a serverless run need a REWARD worker: an error naming the pool, not a stuck call."""
@@ -81,7 +90,7 @@ class RewardPlane:
         except (ImportError, ValueError):
             return
         info = await client.scheduler.identity()
-        PoolMap.from_scheduler_info(info).validate({"REWARD": f"stateful reward(s) {', '.join(self.stateful)}: they stay local"})
+        PoolMap.from_scheduler_info(info).validate({"REWARD": f"stateful reward(s) {', '.join(self.kept_local)}: they stay local"})
 
     def _announce(self) -> None:
         for reward in self.stateful:
@@ -89,22 +98,26 @@ class RewardPlane:
             console.print(f"reward {reward}: stateful (needs an engine) — runs on the REWARD pool with judge model "
                           f"{self.cfg.reward.judge_model}" + (f" ({self.judge_model})" if self.judge_model != self.cfg.reward.judge_model else "")
                           + (", not deployed as a Lambda function" if self.mode == "serverless" else ""))
+        for reward in self.pinned:
+            self.where[reward] = "REWARD (declared stateful)"
+            console.print(f"reward {reward}: declared stateful (@rollart_dask.reward(stateless=False)) — runs on the REWARD pool"
+                          + (", not deployed as a Lambda function" if self.mode == "serverless" else ""))
 
     async def start(self) -> dict:
         """Start/deploy what the mode needs; returns the spec of the reward runner."""
         r = self.cfg.reward
         self._t_prev = time.monotonic()  # the runners, registered after this, count from zero
-        self.stateful = self._stateful_rewards()
+        self.stateful, self.pinned = self._kept_local()
         judge = self._judge_spec()
         self._announce()
         if self.mode == "local":
             self.where.update({t.reward: "REWARD" for t in self.cfg.tasks if t.reward not in self.where})
             return {"mode": "local", **judge}
-        if self.stateful:
+        if self.kept_local:
             await self._check_reward_pool()
         spec = {"mode": "serverless", "endpoint_url": "aws", "region": r.region, "retries": r.invoke_retries,
                 "timeout_s": self.cfg.rollout.reward_timeout_s, "threads": r.invoke_threads, **judge}
-        plain = sorted({t.reward for t in self.cfg.tasks} - set(self.stateful))
+        plain = sorted({t.reward for t in self.cfg.tasks} - set(self.kept_local))
         if not plain:
             console.print("reward: every reward of this flow is stateful: no Lambda endpoint is needed")
             return spec

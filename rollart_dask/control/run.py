@@ -351,7 +351,7 @@ class Run:
             ckpt = await self.checkpoint(final=True)
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
                     "counts": {**self.buffer.counts, **self.counts, **s.em.counts, **s.weights.counts}, "steps": self.published - self.launcher.base_version,
-                    "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "accounting": self.accounting(),
+                    "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "generate_pools": s.proxy.landed_by_task(), "accounting": self.accounting(),
                     **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {})}  # totals at the last step
         finally:
             await self.stop()

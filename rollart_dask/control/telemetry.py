@@ -139,7 +139,8 @@ class Telemetry:
             row["pd"] = pd_metrics(self.engine_stats)
         row.update(pool_busy=busy, tokens_per_s=tokens / max(dt, 1e-9), elapsed_s=now - run.t_start, buffer=dict(run.buffer.counts),
                    futures=s.d.futures, calls=s.d.calls, reissued=s.proxy.reissued, mix=run.buffer.mix_at_take, stage_latency=s.d.drain_stats(),
-                   trajectory_s=run.launcher.drain_trajectory_s(), service_s=dict(self.service_s), rollout_tokens=self.tokens())
+                   trajectory_s=run.launcher.drain_trajectory_s(), service_s=dict(self.service_s), rollout_tokens=self.tokens(),
+                   generate_pools=s.proxy.landed_by_task())
         self._t_prev = now
         return row
 

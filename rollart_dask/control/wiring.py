@@ -61,6 +61,8 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     await weights.start()  # weights.store=mooncake on the embedded default: a local mooncake_master
     pools = engine_pools(cfg, poolmap)
     engines = {p: poolmap.engine_workers(p) for p in pools}
+    for name, plugin in plugins.user_code(cfg.imports):  # first: the services below may name what they declare
+        await client.register_plugin(plugin, name=name)
     await client.register_plugin(plugins.EnvHostPlugin(["CPU"]), name=plugins.ENVHOST)
     rewards = RewardPlane(cfg, out, start_endpoint)
     reward_spec = await rewards.start()
@@ -72,7 +74,7 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd,
                      partial=cfg.rollout.partial, wait_s=cfg.rollout.worker_wait_s)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
-                    reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.stateful,
+                    reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.kept_local,
                     reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})
     layout = {p: [poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
     return Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)

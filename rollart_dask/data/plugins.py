@@ -22,6 +22,33 @@ log = logging.getLogger("rollart_dask")
 ENGINE, ENVHOST, REWARD, TRAINER = "rollart-engine", "rollart-envhost", "rollart-reward", "rollart-trainer"
 
 
+class ImportModules(WorkerPlugin):
+    """Imports the flow's ``imports`` module names on every worker (installed there), so their decorators run."""
+
+    name = "rollart-imports"
+
+    def __init__(self, modules: list[str]):
+        self.modules = list(modules)
+
+    def setup(self, worker):
+        import importlib
+
+        for m in self.modules:
+            importlib.import_module(m)  # a module missing on a worker fails the registration, naming it
+
+
+def user_code(imports: list[str]) -> list[tuple[str, WorkerPlugin]]:
+    """(name, plugin) for the flow's ``imports`` (rollart_dask/usercode.py): each file is shipped to every worker, a
+    later one included, and imported there under its stem (distributed's UploadFile); module names are imported."""
+    from distributed.diagnostics.plugin import UploadFile
+
+    from rollart_dask.usercode import module_name
+
+    found = [(f"rollart-user-{module_name(i)}", UploadFile(i)) for i in imports if i.endswith(".py")]
+    modules = [i for i in imports if not i.endswith(".py")]
+    return found + ([(ImportModules.name, ImportModules(modules))] if modules else [])
+
+
 class ServicePlugin(WorkerPlugin):
     """Builds one service in the workers whose resources match ``pools`` (and none of ``exclude``)."""
 
@@ -84,14 +111,15 @@ class EnvHostPlugin(ServicePlugin):
 
 
 class RewardPlugin(ServicePlugin):
-    """The reward runner on the reward pool's workers; when the flow has stateful rewards (a judge),
-    also on the REWARD pool's workers, which host them in either mode."""
+    """The reward runner on the reward pool's workers; when the flow has stateful rewards (a judge, or one
+    declared stateless=False), also on the REWARD pool's workers, which host them in either mode."""
 
     kind = "reward"
     name = REWARD
 
     def applies(self, worker) -> bool:
-        return super().applies(worker) or (bool(self.spec.get("stateful")) and "REWARD" in worker.state.total_resources)
+        kept_local = self.spec.get("stateful") or self.spec.get("pinned")
+        return super().applies(worker) or (bool(kept_local) and "REWARD" in worker.state.total_resources)
 
     async def setup(self, worker):
         self.tags = set(worker.state.total_resources)

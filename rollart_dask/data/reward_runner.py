@@ -9,7 +9,8 @@ Stateful rewards (a reward module with ``NEEDS_ENGINE = True``, e.g. the LLM jud
 inference engine and stay local in both modes: they are scored on a REWARD worker, whose runner
 builds the judge engine (only when the flow uses such a reward) and scores a batch of them with
 one greedy generation restricted to the reward's choices. The control plane sends their calls
-to the REWARD pool whatever the mode.
+to the REWARD pool whatever the mode, as it does a reward declared ``stateless=False``
+(``pinned``: scored in-process there, never invoked as a function).
 
 A reward that cannot be obtained raises: it is never replaced by a default value.
 """
@@ -44,11 +45,12 @@ class RewardRunner:
 
     def __init__(self, mode: str = "local", endpoint_url: str | None = None, region: str = "us-east-1", token: str | None = None,
                  retries: int = 6, timeout_s: float = 60.0, threads: int = 16, stateful=(), judge_model: str | None = "smollm2",
-                 judge_max_batch: int = 32, seed: int = 0, local: bool | None = None, caller: bool | None = None):
+                 judge_max_batch: int = 32, seed: int = 0, local: bool | None = None, caller: bool | None = None, pinned=()):
         self.mode, self.retries, self.timeout_s = mode, retries, timeout_s
         self.local = (mode == "local") if local is None else bool(local)
         self.caller = (mode == "serverless") if caller is None else bool(caller)
         self.stateful = set(stateful)  # rewards the control plane found stateful
+        self.pinned = set(pinned)  # declared stateless=False: scored in-process here in either mode (no Lambda function)
         self.judge_model, self.judge_max_batch, self.seed = judge_model, judge_max_batch, seed
         self.judge_dir: str | None = None
         self._judge = None
@@ -82,16 +84,27 @@ class RewardRunner:
 
     # -- plain rewards ----------------------------------------------------------------------
     def score(self, item: dict) -> dict:
-        if self.mode == "serverless":
+        if self.mode == "serverless" and item["reward"] not in self.pinned:
             return self._invoke(item)
+        if not self.local:
+            raise RuntimeError(f"reward {item['reward']!r} runs in-process on the REWARD pool, not on this reward caller")
         t0 = time.perf_counter()
         out = _check(item["reward"], get_reward(item["reward"])(item["trajectory"]))
         self._count_local(item["reward"], 1, time.perf_counter() - t0)
         return out
 
     def map(self, fn, items: list):
-        """How a batch is scored: serverless invocations run concurrently, local calls in turn."""
-        return self.pool.map(fn, items) if self.mode == "serverless" and self.caller else map(fn, items)
+        """How a batch is scored: serverless invocations run concurrently; in-process calls (local mode, or a reward
+        declared stateless=False, whose state need not be thread-safe) in turn, in the task's thread."""
+        if not (self.mode == "serverless" and self.caller):
+            return map(fn, items)
+        out: list = [None] * len(items)
+        invoked = [i for i, item in enumerate(items) if item["reward"] not in self.pinned]
+        for i, r in zip(invoked, self.pool.map(fn, [items[i] for i in invoked])):
+            out[i] = r
+        for i in sorted(set(range(len(items))) - set(invoked)):
+            out[i] = fn(items[i])
+        return out
 
     def _count_local(self, name: str, n: int, seconds: float) -> None:
         st = self.stats

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from rollart_dask.config import FlowConfig
+from rollart_dask.config import FlowConfig, task_pools
 from rollart_dask.models.prepare import prepare_model
 from rollart_dask.observe import console
 from rollart_dask.tools import dashboard
@@ -51,6 +51,9 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         if run.dashboard_url:
             console.print(f"rollart page: {run.dashboard_url}")
         console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
+        if not cfg.rollout.pd:  # (disaggregated, every call is prefilled on one pool and decoded on the other)
+            for t in cfg.tasks:
+                console.print(f"task {t.name}: affinity {t.affinity} ({t._affinity_from}) → generation on {' or '.join(task_pools(t))}")
         emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
         if cfg.reward.endpoint_faults:
             emulated["reward endpoint"] = f"faults {cfg.reward.endpoint_faults.model_dump()}"

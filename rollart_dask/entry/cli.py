@@ -28,7 +28,7 @@ def main():
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="output directory (default runs/<flow>-<time>)")
 @click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --out")
 def run(flow, overrides, scheduler, out, resume):
-    """Run FLOW (a YAML flow file) and train."""
+    """Run FLOW (a YAML flow file, or a Python flow file that builds one: flows/declared/corridor_flow.py) and train."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollart_dask.control.buffer import OUTCOMES

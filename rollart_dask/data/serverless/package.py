@@ -1,7 +1,11 @@
 """Deployment zips for reward functions and create-or-update deploys through the Lambda API.
 
 The zip holds the repository's ``rewards/`` and ``envs/`` packages (a reward may import helpers
-from ``envs``), without caches or large data files; the handler is ``<module>.handler``. Third-party
+from ``envs``), without caches or large data files; the handler is ``<module>.handler``. A reward
+from a user's own module (``@rollart_dask.reward``, or any 'module:attr') adds that module (its file,
+or its top-level package) and the few dependency-free files of rollart_dask its decorator needs; when
+the module has no ``handler`` of its own, the function's handler is ``rollart_dask.declare.handler``,
+told which function to call by its environment. Third-party
 imports (reasoning_gym for the math reward) are not bundled: on AWS add them with
 ``extra_dirs`` (a ``pip install --target`` directory) or a layer. The zip is byte-for-byte
 reproducible, so an unchanged reward deploys as a no-op (same CodeSha256).
@@ -42,6 +46,34 @@ def handler_for(reward: str) -> str:
     return f"{reward_module(reward)}.handler"
 
 
+DECLARE_FILES = ("rollart_dask/__init__.py", "rollart_dask/declare.py", "rollart_dask/registry.py", "rollart_dask/registries.py")
+
+
+def reward_target(reward: str) -> str:
+    """The 'module:attr' a reward name stands for."""
+    from rollart_dask.registry import reward_names
+
+    return reward if ":" in reward else reward_names().get(reward, f"{reward}:reward")
+
+
+def user_code(module: str) -> list[tuple[Path, str]]:
+    """(root, entry) pairs a zip needs for a reward module outside this project's packages: its file or top-level
+    package, and rollart_dask's declarative API (which the module may import); [] for the project's own rewards."""
+    top = module.split(".")[0]
+    if top in DEFAULT_PACKAGES:
+        return []
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None and not spec.submodule_search_locations:
+        raise FileNotFoundError(f"reward module {module!r} is not importable here, so it cannot be packaged")
+    if spec.submodule_search_locations:
+        folder = Path(next(iter(spec.submodule_search_locations))).resolve()
+        own = (folder.parent, folder.name)
+    else:
+        own = (Path(spec.origin).resolve().parent, Path(spec.origin).name)
+    here = Path(__file__).resolve().parents[3]  # the folder holding the rollart_dask package
+    return [own, *((here, f) for f in DECLARE_FILES)]
+
+
 def project_root() -> Path:
     """The directory holding the ``rewards`` package (the repository root for an editable install)."""
     spec = importlib.util.find_spec("rewards")
@@ -66,24 +98,32 @@ def _files(root: Path, entry: str, max_file_bytes: int):
         yield path, rel.as_posix()
 
 
+def _holds(entries: dict, module: str) -> bool:
+    base = module.replace(".", "/")
+    return f"{base}.py" in entries or f"{base}/__init__.py" in entries
+
+
 def build_zip(reward: str, root: str | Path | None = None, include=DEFAULT_PACKAGES, extra_dirs=(),
               max_file_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """A deployment zip (bytes) for ``reward``: the ``include`` packages/modules of ``root`` plus the
-    contents of each ``extra_dirs`` entry at the zip root. Checks that the reward module is inside."""
+    """A deployment zip (bytes) for ``reward``: the ``include`` packages/modules of ``root``, a user module's code
+    (``user_code``) plus the contents of each ``extra_dirs`` entry at the zip root. Checks that the reward module is inside."""
     root = Path(root) if root is not None else project_root()
     module = reward_module(reward)
     entries: dict[str, Path] = {}
     for entry in include:
         for path, arc in _files(root, entry, max_file_bytes):
             entries[arc] = path
+    if not _holds(entries, module):  # a user's module, outside the included packages
+        for base, entry in user_code(module):
+            for path, arc in _files(base, entry, max_file_bytes):
+                entries[arc] = path
     for extra in extra_dirs:
         extra = Path(extra)
         for path in sorted(extra.rglob("*")):
             rel = path.relative_to(extra)
             if path.is_file() and not any(p in EXCLUDE_DIRS for p in rel.parts) and not path.name.endswith(EXCLUDE_SUFFIXES):
                 entries.setdefault(rel.as_posix(), path)
-    parts = module.split(".")
-    if "/".join(parts) + ".py" not in entries and "/".join(parts) + "/__init__.py" not in entries:
+    if not _holds(entries, module):
         raise FileNotFoundError(f"module {module!r} is not in the package (included: {list(include)} under {root})")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
@@ -165,7 +205,13 @@ def deploy(function_name: str, reward: str, client, role_arn: str | None = None,
         raise ValueError(f"reward {reward!r} is stateful (needs an inference engine): it runs on the REWARD pool and cannot be "
                          "deployed as a Lambda function")
     zip_bytes = build_zip(reward, root=root, include=include, extra_dirs=extra_dirs)
-    return deploy_zip(client, function_name, zip_bytes, handler_for(reward), role_arn=role_arn, timeout=timeout,
+    handler = handler_for(reward)
+    if module is not None and not callable(getattr(module, "handler", None)):  # a decorated reward: the generic handler calls it
+        from rollart_dask.declare import TARGET_ENV, handler as generic
+
+        handler = f"{generic.__module__}.{generic.__name__}"
+        environment = {**(environment or {}), TARGET_ENV: reward_target(reward)}
+    return deploy_zip(client, function_name, zip_bytes, handler, role_arn=role_arn, timeout=timeout,
                       memory=memory, concurrency=concurrency, runtime=runtime, environment=environment,
                       description=f"rollart reward {reward_module(reward)}", wait=wait)
 
