@@ -7,6 +7,7 @@ import json
 import os
 import textwrap
 
+import pytest
 from click.testing import CliRunner
 from distributed import Client
 
@@ -65,6 +66,7 @@ def on_reward_pool(trajectory):
 '''
 
 
+@pytest.mark.slow  # ~30 s; the default stage is at its 20-minute budget (the declarations' own tests: test_declared_on_cpu.py)
 def test_user_module_with_declared_placement_runs_through_rollart_run(address, tmp_path):
     code = tmp_path / "user"
     code.mkdir()
