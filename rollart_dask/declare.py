@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from rollart_dask.registry import ENVS, REWARDS, Registry
 
-AFFINITIES = ("prefill", "decode", "auto")
+AFFINITIES = ("prefill", "decode", "any", "auto")
 TARGET_ENV = "ROLLART_REWARD"  # the Lambda function's environment: which 'module:attr' its handler calls
 
 
@@ -43,7 +43,7 @@ def _register(registry: Registry, name: str, obj: Any) -> None:
 
 def env(name: str, *, affinity: str | None = None) -> Callable:
     """Register an env class (or factory) as ``name``; ``affinity`` ('prefill' → H800, 'decode' → H20,
-    'auto') is the default of ``tasks[].affinity`` for the tasks that use it."""
+    'any', 'auto') is the default of ``tasks[].affinity`` for the tasks that use it."""
     if affinity is not None and affinity not in AFFINITIES:
         raise ValueError(f"@rollart_dask.env({name!r}): affinity {affinity!r} is not one of {', '.join(AFFINITIES)}")
 

@@ -37,13 +37,13 @@ def test_missing_pools_are_named_with_the_reason():
     assert "pool H800 (engine for task frozenlake (affinity prefill)) has no worker (its workers host the trainer" in text
 
 
-def test_affinity_auto_needs_some_engine_pool():
-    cfg = load_flow(data=flow_dict(tasks=[{"name": "fl", "env": "frozenlake", "reward": "frozenlake", "affinity": "auto"}]))
+def test_affinity_any_needs_some_engine_pool():
+    cfg = load_flow(data=flow_dict(tasks=[{"name": "fl", "env": "frozenlake", "reward": "frozenlake", "affinity": "any"}]))
     rows, problems = check_cluster(info(**FULL), cfg)
     assert problems == [] and rows_by_pool(rows)["H800"].ok and rows_by_pool(rows)["H20"].ok
     cl = {k: v for k, v in FULL.items() if k not in ("h800_0", "h20_0")}
     rows, problems = check_cluster(info(**cl), cfg)
-    assert rows_by_pool(rows)[ANY_ENGINE].ok is False and problems == [f"pool {ANY_ENGINE} (engine for task fl (affinity auto)) has no worker"]
+    assert rows_by_pool(rows)[ANY_ENGINE].ok is False and problems == [f"pool {ANY_ENGINE} (engine for task fl (affinity any)) has no worker"]
 
 
 def test_stateful_rewards_need_the_reward_pool_even_when_serverless():

@@ -106,7 +106,7 @@ def test_bad_imports_are_errors_naming_the_entry(tmp_path):
 
 
 def test_decorators_refuse_bad_declarations_and_a_taken_name():
-    with pytest.raises(ValueError, match=r"affinity 'gpu' is not one of prefill, decode, auto"):
+    with pytest.raises(ValueError, match=r"affinity 'gpu' is not one of prefill, decode, any, auto"):
         rollart_dask.env("x", affinity="gpu")
     with pytest.raises(ValueError, match="without ':'"):
         rollart_dask.reward("a:b")(lambda t: 0.0)

@@ -170,3 +170,40 @@ def test_a_turn_a_weight_update_interrupts_restarts_or_continues_with_a_version_
         assert max(r["token_lag_max"] for r in steps) >= 1
     else:
         assert tokens["discarded"] > 0 and tokens["continued"] == 0 and mixed == 0
+
+
+@pytest.mark.slow
+def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predicted_fastest(tmp_path, run_async):
+    """Both tasks generate on either pool while they are profiled; at the step boundary after the decision
+    every new generate call of a task lands on the pool its chosen affinity names."""
+    from rollart_dask.entry.api import run_flow
+
+    data = yaml.safe_load(Path("flows/ablations/workloads/multitask.yaml").read_text())
+    data["tasks"] = [t for t in data["tasks"] if t["name"] in ("frozenlake", "math")]
+    cfg = load_flow(data=data, overrides=["trainer.steps=16", "emulation.time_scale=0.02", "rollout.batch_groups=2", "observe.watchdog_s=60",
+                                          "emulation.pools.H800.gpus=2", "emulation.pools.H20.gpus=2", "tasks.frozenlake.affinity=auto",
+                                          "tasks.math.affinity=auto", "placement.profile_steps=1", "placement.sim_seeds=1",
+                                          "placement.sim_steps=4"])
+    result = run_async(run_flow(cfg, tmp_path), timeout=600)
+    placed = result["placement"]
+    assert placed["mapping"] is not None, placed
+    ranking = placed["ranking"]
+    assert len(ranking) == 9 and placed["mapping"] == ranking[0]["mapping"] and placed["simulated_step_s"] == ranking[0]["step_s"]
+    # the steps before the switch (every task on any pool) measured the runtime's cost: it scales the simulated step times
+    before = next(r for r in ranking if set(r["mapping"].values()) == {"any"})
+    assert placed["applied_at_step"] >= 3 and placed["runtime_factor"] != 1.0
+    assert placed["predicted_step_s"] == pytest.approx(placed["runtime_factor"] * placed["simulated_step_s"]) and before["predicted_step_s"] > 0
+    assert placed["measured_step_s"] > 0 and placed["steps_measured"] >= 1
+    decision = json.loads((tmp_path / "placement.json").read_text())
+    fl, math = decision["profile"]["frozenlake"], decision["profile"]["math"]
+    assert fl["prefix_hit"] > 0.5 and fl["turns"] > 4 and fl["obs_tokens"] == 400  # a multi-turn chat: the conversation repeats
+    assert math["turns"] == 1 and math["prefix_hit"] == 0 and math["lengths_from"] == "asked"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    [row] = [r for r in rows if r["kind"] == "placement"]
+    assert row["mapping"] == placed["mapping"] and row["step"] == placed["applied_at_step"] >= 1
+    steps = {r["step"]: r for r in rows if r["kind"] == "step"}
+    after = steps[row["step"] + 1]["generate_pools"]
+    pool = {"prefill": ["H800"], "decode": ["H20"], "any": ["H800", "H20"]}
+    for task, affinity in placed["mapping"].items():  # from one step after the switch on, calls land only where it says
+        new = {p: n - after[task].get(p, 0) for p, n in result["generate_pools"][task].items()}
+        assert sum(new.values()) > 0 and all(n == 0 for p, n in new.items() if p not in pool[affinity]), (task, affinity, new)

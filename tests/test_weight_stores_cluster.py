@@ -129,3 +129,47 @@ def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_t
     assert computed["train"]["start"] >= computed["publish-weights"]["stop"]  # never alongside the publish, on two threads
     assert trainer_after != trainer_at_v0  # the Train changed the weights...
     assert engine_at_v1 == trainer_at_v0  # ...after the publish had read them: the engine runs what was published
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["dask", pytest.param("mooncake", marks=needs_mooncake)])
+def test_with_lora_the_adapter_alone_crosses_the_store_and_the_engines_base_is_untouched(store, tmp_path, model_dir, run_async):
+    from rollart_dask.data import plugins, tasks
+
+    cfg = load_flow(data=flow_dict(**{"weights.store": store, "trainer.lora": {"r": 4}, "trainer.lr": 0.05, "weights.bucket_mb": 1,
+                                      "weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32}))
+    prompt = "SFFF\nFPFH\nFFFH\nHFFG"
+
+    def digests(name):  # (sent by value) the adapter's and the base's weights of the service on this worker
+        import hashlib
+
+        h = {"adapter": hashlib.sha256(), "base": hashlib.sha256()}
+        for k, v in sorted(tasks.service(name).model.state_dict().items()):
+            h["adapter" if "lora_" in k else "base"].update(k.encode() + v.detach().float().numpy().tobytes())
+        return {k: d.hexdigest() for k, d in h.items()}
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            p = run.services.proxy
+            engine = next(a for a, pool in p.pool_of.items() if pool == "H800")
+            probe = lambda name, **kw: run.d.submit_one("probe", digests, name, **kw)  # noqa: E731
+            engine_before = await probe(plugins.ENGINE, pool="H800", worker=engine)
+            group = await asyncio.gather(*(p.generate(f"g/{i}", "H800", prompt, list("LDRU"), 2, 1.0) for i in range(8)))
+            samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
+                        "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
+            await run.d.submit_one("train", tasks.trainer_step, samples, pool="TRAIN", worker=run.services.trainer)
+            trainer = await probe(plugins.TRAINER, pool="TRAIN", worker=run.services.trainer)
+            run.services.weights.publish(1, p.pool_of)
+            row = await run.services.weights.wait_staged()
+            await p.update_weights(1)
+            return engine_before, trainer, await probe(plugins.ENGINE, pool="H800", worker=engine), row
+        finally:
+            await close(run, client, cluster)
+
+    before, trainer, after, row = run_async(go())
+    assert row["store"] == store and row["adapter"] is True
+    assert after["adapter"] == trainer["adapter"] != before["adapter"]  # the trained adapter, swapped in
+    assert after["base"] == before["base"] == trainer["base"]  # the base never moved, on either side
+    full_bytes = sum(p.numel() * 4 for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(str(model_dir)).parameters())
+    assert 0 < row["bytes"] < full_bytes / 2  # (r=4 on every projection of the test's 64-wide model)

@@ -64,6 +64,7 @@ class EnvManager:
         self.where: dict[str, str] = {}  # trajectory id → env worker
         self.counts: Counter = Counter()
         self._closing: set[asyncio.Task] = set()  # closes of cancelled or failed trajectories' envs, not yet answered
+        self.profiler = None  # control/placement.py's Profiler: told of every training turn asked and answered
 
     async def closes_done(self, timeout: float) -> int:
         """Wait (at most ``timeout`` s) for the env closes still in flight; returns how many were left unanswered.
@@ -158,8 +159,12 @@ class EnvManager:
                     await barrier.wait()
                 self.stage[tid] = "generate"
                 max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
-                c = await self.proxy.generate(tid, task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate,
+                if self.profiler is not None and not greedy:
+                    self.profiler.asked(task.name, len(traj.turns), emulate, max_tokens)
+                c = await self.proxy.generate(tid, lambda: task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate,
                                               counted=not greedy, task=task.name)
+                if self.profiler is not None and not greedy:
+                    self.profiler.observe(task.name, traj.turns, c)
                 if budget is not None:
                     budget -= len(c.token_ids)
                 if traj.version is None:  # the version of its first token (a continued turn's is older than its last)

@@ -7,6 +7,7 @@ import itertools
 from collections import Counter, defaultdict
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from rollart_dask.control.dispatch import Dispatcher, task_key
 from rollart_dask.data import tasks
@@ -59,8 +60,8 @@ class LLMProxy:
         return not self._open.is_set()
 
     def pick(self, traj_id: str, pool: str | None) -> str:
-        addr = self.sticky.get(traj_id)
-        if addr in self.pool_of and addr in self.engines.get(self.pool_of[addr], ()):
+        addr = self.sticky.get(traj_id)  # (a task placed anew since — affinity auto — leaves its old pool's engine)
+        if addr in self.pool_of and addr in self.engines.get(self.pool_of[addr], ()) and pool in (None, self.pool_of[addr]):
             return addr
         pools = [pool] if pool else list(ENGINE_POOLS)
         candidates = [a for p in pools for a in self.engines.get(p, [])]
@@ -70,16 +71,20 @@ class LLMProxy:
         self.sticky[traj_id] = addr
         return addr
 
-    async def generate(self, traj_id: str, pool: str | None, prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
+    async def generate(self, traj_id: str, pool: str | None | Callable[[], str | None], prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
                        emulate: dict | None = None, counted: bool = True, task: str = "") -> Completion:
         """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it). ``counted``: its
-        tokens go into ``tokens`` (False for evaluation, which is never trained). ``task``: whose call (``landed``)."""
+        tokens go into ``tokens`` (False for evaluation, which is never trained). ``task``: whose call (``landed``). ``pool``
+        may be a callable, asked each time the call is (re-)issued: a turn aborted by Suspend goes where its task is placed
+        by then (affinity auto)."""
         tokens = self.tokens if counted else Counter()
         prefix = Prefix()  # rollout.partial=continue: the response so far, across the versions that made it
+        placed = pool if callable(pool) else (lambda fixed=pool: fixed)
         while True:
             await self._open.wait()
             if traj_id in self.cancelled:
                 raise TrajectoryCancelled(traj_id)
+            pool = placed()
             if not self.pd:
                 await self._engine_of(pool)
             route = pd_route(self, traj_id) if self.pd else None  # sticky engines in both pools; decode is the call's worker

@@ -18,7 +18,7 @@ from typing import Callable
 from rollart_dask.algo.advantages import ADVANTAGES
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
-from rollart_dask.control import elastic, phases, wiring
+from rollart_dask.control import elastic, phases, placement, wiring
 from rollart_dask.control.buffer import Group, SampleBuffer
 from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
@@ -82,12 +82,14 @@ class Run:
         self._weights = None  # the weight store as soon as set-up made it (closed even if set-up fails later)
         self.weights_turn = asyncio.Lock()  # Update and a joining engine's catch-up take turns (control/elastic.py)
         self.joining: set[asyncio.Task] = set()  # engines being brought to the engines' version
+        self.placement: placement.AutoPlacement | None = None  # tasks with affinity auto (control/placement.py)
 
     # -- set-up -------------------------------------------------------------------------------------
     async def setup(self) -> None:
         s = self.services = await wiring.wire(self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint,
                                               on_weights=lambda w: setattr(self, "_weights", w))
         self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts)
+        self.placement = await placement.attach(self.cfg, self.out, s)
         elastic.watch(self)
         if self.from_checkpoint:
             path, self.published = await wiring.restore(s, self.out)
@@ -337,6 +339,8 @@ class Run:
             for number in range(1, cfg.trainer.steps + 1):
                 if not await self.step(number):
                     break
+                if self.placement is not None:  # affinity auto: the mapping is chosen (and applied) at a step boundary
+                    await self.placement.after_step(number, self.metrics.write)
                 if cfg.eval.every and self.engine_version % cfg.eval.every == 0 and self.engine_version > self.history[-1]["version"]:
                     await self.evaluate()
                 notify(self)
@@ -352,7 +356,8 @@ class Run:
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
                     "counts": {**self.buffer.counts, **self.counts, **s.em.counts, **s.weights.counts}, "steps": self.published - self.launcher.base_version,
                     "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "generate_pools": s.proxy.landed_by_task(), "accounting": self.accounting(),
-                    **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {})}  # totals at the last step
+                    **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {}),  # totals at the last step
+                    **({"placement": self.placement.summary()} if self.placement else {})}
         finally:
             await self.stop()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from rollart_dask.config import EmulationConfig, EngineConfig, TrainerConfig
+    from rollart_dask.config import EmulationConfig, EngineConfig, LoraConfig, TrainerConfig
     from rollart_dask.data.kv import PrefillHandle
     from rollart_dask.types import Completion
 
@@ -63,8 +63,10 @@ class EngineBackend(Protocol):
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None) -> Engine:
-        """``pool``: the engine pool of the worker it runs in; ``emulation``: the flow's emulation section."""
+                    emulation: EmulationConfig | None = None, lora: LoraConfig | None = None) -> Engine:
+        """``pool``: the engine pool of the worker it runs in; ``emulation``: the flow's emulation section; ``lora``: the
+        trainer's adapter (trainer.lora), which ``update_weights`` then receives alone (passed only when set: the flow
+        allows it with the real backends alone)."""
 
 
 @runtime_checkable

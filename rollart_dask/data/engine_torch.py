@@ -23,17 +23,22 @@ from rollart_dask.data.engine_base import EngineBase
 from rollart_dask.data.kv import PrefillHandle, StaleKVError
 
 if TYPE_CHECKING:
-    from rollart_dask.config import EmulationConfig, EngineConfig
+    from rollart_dask.config import EmulationConfig, EngineConfig, LoraConfig
 
 
 class TorchEngine(EngineBase):
-    def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024):
+    def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024, lora: LoraConfig | None = None):
         from transformers import AutoModelForCausalLM
 
         from rollart_dask.models.tiny import load_tokenizer
 
         super().__init__(load_tokenizer(model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.lora = lora
+        if lora is not None:  # the trainer's adapter is swapped in at each update; the base stays as loaded
+            from rollart_dask.data.lora import wrap
+
+            self.model = wrap(self.model, lora, model_dir).eval()
         self.max_batch = max_batch
         self.generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()  # one batch or one weight swap at a time
@@ -42,9 +47,9 @@ class TorchEngine(EngineBase):
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None) -> TorchEngine:
+                    emulation: EmulationConfig | None = None, lora: LoraConfig | None = None) -> TorchEngine:
         set_torch_threads()
-        return cls(model_dir, seed=seed, max_batch=cfg.max_batch)
+        return cls(model_dir, seed=seed, max_batch=cfg.max_batch, lora=lora)
 
     # -- contract ---------------------------------------------------------------------------
     def abort(self, request_ids: list[str]) -> int:
@@ -59,6 +64,13 @@ class TorchEngine(EngineBase):
 
     def update_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
         with self._lock:
+            if self.lora is not None:  # adapter weights only (trainer.lora), loaded in place
+                from rollart_dask.data.lora import load_adapter
+
+                load_adapter(self.model, weights)
+                self.version = version
+                self._prefix_cache.clear()
+                return version
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
             real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
             if real_missing or unexpected:

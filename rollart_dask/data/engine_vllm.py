@@ -22,11 +22,17 @@ vLLM's weight-transfer engines (NCCL broadcast, CUDA IPC) move GPU tensors from 
 that joins a communicator with each engine (or shares its GPU); here weights reach the
 engine as tensors pulled peer-to-peer through Dask from the trainer's worker, which
 ``reload_weights`` takes as they are.
+
+With ``trainer.lora`` the base is never reloaded: the engine runs with vLLM's LoRA support
+(``enable_lora``), each update writes the pulled adapter as a peft directory and requests carry a
+new ``LoRARequest`` for it (the previous adapter is removed from the engine).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -38,7 +44,9 @@ from rollart_dask.data.backends import set_torch_threads
 from rollart_dask.data.engine_base import EngineBase
 
 if TYPE_CHECKING:
-    from rollart_dask.config import EmulationConfig, EngineConfig
+    from rollart_dask.config import EmulationConfig, EngineConfig, LoraConfig
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
 def vllm_available() -> bool:
@@ -63,7 +71,7 @@ def vllm_device() -> tuple[str, bool]:
 
 class VLLMEngine(EngineBase):
     def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024, max_model_len: int = 512,
-                 gpu_memory_utilization: float = 0.85, sleep_level: int = 2):
+                 gpu_memory_utilization: float = 0.85, sleep_level: int = 2, lora: LoraConfig | None = None):
         # In-process engine core: works inside Dask's daemonic worker processes (PLATFORM.md).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -80,11 +88,15 @@ class VLLMEngine(EngineBase):
             kw["gpu_memory_utilization"] = gpu_memory_utilization
             if self.sleep_level:
                 kw["enable_sleep_mode"] = True
+        self.lora, self._lora_request, self._lora_ids = lora, None, itertools.count(1)  # (ids unique: a version may come twice)
+        if lora is not None:
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= lora.r))
         # float32 on every platform: the trainer recomputes these log-probs in float32
         self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed, max_model_len=max_model_len,
                        max_num_seqs=max_batch, enable_prefix_caching=True, logprobs_mode="processed_logprobs", **kw)
         self.max_batch = max_batch
         self._lock = threading.Lock()
+        self._model_dir = str(model_dir)
         self._weights_dir = Path(tempfile.mkdtemp(prefix="rollart-vllm-weights-"))
         self.stats.update(device=self.device,
                           sleep_mode=f"level {self.sleep_level}" if self.sleep_level else
@@ -93,10 +105,10 @@ class VLLMEngine(EngineBase):
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None) -> VLLMEngine:
+                    emulation: EmulationConfig | None = None, lora: LoraConfig | None = None) -> VLLMEngine:
         set_torch_threads()
         return cls(model_dir, seed=seed, max_batch=cfg.max_batch, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                   sleep_level=cfg.sleep_level)
+                   sleep_level=cfg.sleep_level, lora=lora)
 
     @functools.lru_cache(maxsize=1024)
     def _choice_ids(self, choices: tuple[str, ...]) -> list[int]:
@@ -135,6 +147,8 @@ class VLLMEngine(EngineBase):
         return 1
 
     def update_weights(self, version: int, weights: dict) -> int:
+        if self.lora is not None:
+            return self._update_adapter(version, weights)
         from safetensors.torch import save_file
 
         tied = getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
@@ -156,6 +170,26 @@ class VLLMEngine(EngineBase):
             self.stats["update_s"] += time.perf_counter() - t0
         return version
 
+    def _update_adapter(self, version: int, weights: dict) -> int:
+        """trainer.lora: the adapter of ``version`` as a peft directory and a new LoRARequest; the base stays loaded."""
+        from vllm.lora.request import LoRARequest
+
+        from rollart_dask.data.lora import save_adapter
+
+        with self._lock:
+            t0 = time.perf_counter()
+            lora_id = next(self._lora_ids)
+            path = save_adapter(weights, self.lora, self._model_dir, self._weights_dir / f"adapter-{lora_id}")
+            old, self._lora_request = self._lora_request, LoRARequest(f"rollart-v{version}-{lora_id}", lora_id, str(path))
+            if old is not None:  # (loaded lazily by the next request; the old one's slot is freed now)
+                self.llm.llm_engine.remove_lora(old.lora_int_id)
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+            self.llm.reset_prefix_cache()
+            self.version = version
+            self.stats["updates"] += 1
+            self.stats["update_s"] += time.perf_counter() - t0
+        return version
+
     def generate(self, requests: list[dict]) -> list[Completion]:
         from vllm import SamplingParams
 
@@ -171,7 +205,7 @@ class VLLMEngine(EngineBase):
                 params.append(SamplingParams(n=1, temperature=max(float(r.get("temperature", 1.0)), 0.0), max_tokens=max_tokens,
                                              logprobs=0, allowed_token_ids=allowed, detokenize=False,
                                              stop_token_ids=[self.tokenizer.eos_token_id]))
-            outs = self.llm.generate(prompts, params, use_tqdm=False) if live else []
+            outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request) if live else []
             by_id = {r["id"]: (p, o) for r, p, o in zip(live, prompts, outs)}
             done = []
             for r in requests:

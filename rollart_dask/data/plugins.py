@@ -15,7 +15,7 @@ from distributed import WorkerPlugin
 from rollart_dask.data.backends import ENGINES, TRAINERS, set_torch_threads
 
 if TYPE_CHECKING:
-    from rollart_dask.config import EmulationConfig, EngineConfig, FlowConfig, TrainerConfig
+    from rollart_dask.config import EmulationConfig, EngineConfig, FlowConfig, LoraConfig, TrainerConfig
 
 log = logging.getLogger("rollart_dask")
 
@@ -85,10 +85,10 @@ class EnginePlugin(ServicePlugin):
     name = ENGINE
 
     def __init__(self, pools: list[str], exclude: list[str] | None = None, *, backend: str, engine: EngineConfig, model_dir: str,
-                 seed: int = 0, emulation: EmulationConfig | None = None):
+                 seed: int = 0, emulation: EmulationConfig | None = None, lora: LoraConfig | None = None):
         super().__init__(pools, exclude)
         self.backend = ENGINES.check(backend)  # an unknown name fails in the client, not in every worker
-        self.engine, self.model_dir, self.seed, self.emulation = engine, model_dir, seed, emulation
+        self.engine, self.model_dir, self.seed, self.emulation, self.lora = engine, model_dir, seed, emulation, lora
         self.pool: str | None = None
 
     async def setup(self, worker):
@@ -97,7 +97,7 @@ class EnginePlugin(ServicePlugin):
 
     def build(self):
         return ENGINES.get(self.backend).from_config(self.engine, model_dir=self.model_dir, seed=self.seed, pool=self.pool,
-                                                     emulation=self.emulation)
+                                                     emulation=self.emulation, **({"lora": self.lora} if self.lora else {}))
 
 
 class EnvHostPlugin(ServicePlugin):
@@ -157,7 +157,7 @@ class TrainerPlugin(ServicePlugin):
 def engine_plugin(cfg: FlowConfig, pools: list[str], model_dir: str, backend: str) -> EnginePlugin:
     """The engines of the flow on ``pools`` (never on the trainer's worker); ``backend``: engine.backend resolved (auto → torch/vllm)."""
     return EnginePlugin(pools, exclude=["TRAIN"], backend=backend, engine=cfg.engine, model_dir=model_dir, seed=cfg.seed,
-                        emulation=cfg.emulation if cfg.emulated else None)
+                        emulation=cfg.emulation if cfg.emulated else None, lora=cfg.trainer.lora)
 
 
 def trainer_plugin(cfg: FlowConfig, model_dir: str) -> TrainerPlugin:

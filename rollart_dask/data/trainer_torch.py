@@ -3,7 +3,9 @@
 ``train_step(samples) -> metrics`` runs one optimizer update on a batch of per-turn samples
 (prompt ids, response ids, behaviour log-probs, allowed ids, advantage) and increments the
 policy version; ``state_dict()`` is what engines pull; checkpoints are Hugging Face
-directories (safetensors + config + tokenizer) plus the optimizer state.
+directories (safetensors + config + tokenizer) plus the optimizer state. With ``lora`` the
+base is frozen and only a peft adapter trains: ``state_dict()`` and checkpoints are the adapter
+alone (data/lora.py).
 """
 from __future__ import annotations
 
@@ -18,16 +20,17 @@ from rollart_dask.algo.losses import LOSSES, masked_logprobs_and_entropy, off_po
 from rollart_dask.data.backends import set_torch_threads
 
 if TYPE_CHECKING:
-    from rollart_dask.config import EmulationConfig, TrainerConfig
+    from rollart_dask.config import EmulationConfig, LoraConfig, TrainerConfig
 
 
 class TorchTrainer:
     version: int  # the Trainer contract's attribute (data/contracts.py)
     correction, is_cap, is_level = "none", 2.0, "token"  # trainer.correction (from_config sets them; algo/losses.off_policy)
+    lora: LoraConfig | None = None  # trainer.lora: the adapter alone trains and is published
 
     def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
-                 loss: str = "ppo_clip"):
+                 loss: str = "ppo_clip", lora: LoraConfig | None = None):
         from transformers import AutoModelForCausalLM
 
         from rollart_dask.models.tiny import load_tokenizer
@@ -36,6 +39,11 @@ class TorchTrainer:
         self.model_dir = model_dir
         self.tokenizer = load_tokenizer(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.lora = lora
+        if lora is not None:
+            from rollart_dask.data import lora as adapters
+
+            self.model = adapters.wrap(self.model, lora, model_dir)
         self.model.train()
         self.lr, self.weight_decay = lr, weight_decay
         self.opt = self._make_optimizer()
@@ -56,8 +64,8 @@ class TorchTrainer:
 
     @staticmethod
     def _backend_options(cfg: TrainerConfig) -> dict:
-        """Keys of the trainer section only this backend reads (MegatronTrainer: its parallel layout)."""
-        return {}
+        """Keys of the trainer section only this backend reads (here LoRA; MegatronTrainer: its parallel layout)."""
+        return {"lora": cfg.lora}
 
     def _tensors(self, samples: list[dict]):
         """Pad a batch. Samples with the same input (prompt + all but the last response token)
@@ -202,7 +210,8 @@ class TorchTrainer:
         return self.model(input_ids=ids, attention_mask=attn).logits
 
     def _make_optimizer(self):
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        params = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapter's alone
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
 
     def _zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
@@ -213,23 +222,36 @@ class TorchTrainer:
         return float(grad_norm)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.lora is not None:
+            from rollart_dask.data.lora import adapter_state
+
+            return adapter_state(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, path: str | Path) -> str:
+        """A Hugging Face model directory; with LoRA an adapter directory (peft's and vLLM's format) whose
+        config names the base model, which ``rollart merge`` folds it into."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         torch.save({"optimizer": self.opt.state_dict(), "version": self.version}, path / "trainer_state.pt")
-        (path / "rollart.json").write_text(json.dumps({"version": self.version}))
+        (path / "rollart.json").write_text(json.dumps({"version": self.version, "lora": self.lora is not None, "base": self.model_dir}))
         return str(path)
 
     def restore(self, path: str | Path) -> int:
         from safetensors.torch import load_file
 
+        from rollart_dask.data import lora as adapters
+
         path = Path(path)
-        weights = load_file(str(path / "model.safetensors"))
-        self.model.load_state_dict(weights, strict=False)
+        if adapters.is_adapter_dir(path) != (self.lora is not None):
+            raise ValueError(f"checkpoint {path} {'holds a LoRA adapter' if adapters.is_adapter_dir(path) else 'holds full weights'}, "
+                             f"but this run {'trains' if self.lora is not None else 'does not train'} one (trainer.lora)")
+        if self.lora is not None:
+            adapters.load_adapter(self.model, load_file(str(path / adapters.ADAPTER_FILE)))
+        else:
+            self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         state = torch.load(path / "trainer_state.pt", weights_only=False)
         self.opt.load_state_dict(state["optimizer"])
         self.version = int(state["version"])

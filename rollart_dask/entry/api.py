@@ -53,7 +53,9 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
         if not cfg.rollout.pd:  # (disaggregated, every call is prefilled on one pool and decoded on the other)
             for t in cfg.tasks:
-                console.print(f"task {t.name}: affinity {t.affinity} ({t._affinity_from}) → generation on {' or '.join(task_pools(t))}")
+                where = (f"any engine pool for the first {cfg.placement.profile_steps} step(s), then as its measured profile decides"
+                         if t.affinity == "auto" and t._placed is None else " or ".join(task_pools(t)))
+                console.print(f"task {t.name}: affinity {t.affinity} ({t._affinity_from}) → generation on {where}")
         emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
         if cfg.reward.endpoint_faults:
             emulated["reward endpoint"] = f"faults {cfg.reward.endpoint_faults.model_dump()}"

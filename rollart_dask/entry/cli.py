@@ -76,9 +76,14 @@ def run(flow, overrides, scheduler, out, resume):
     rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", result["checkpoint"])]
     w = result["weights"]
     if w.get("transfers"):
-        rows.append((f"weights ({w['store']} store)", f"{w['bytes'] / 2**20:.1f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
+        what = "LoRA adapter: " if w.get("adapter") else ""
+        rows.append((f"weights ({w['store']} store)", f"{what}{w['bytes'] / 2**20:.2f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
                      f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
                      f"({w['hidden_fraction']:.0%} hidden behind rollout)"))
+    pl = result.get("placement")
+    if pl and pl.get("measured_step_s"):  # affinity auto (control/placement.py)
+        rows.append(("placement (affinity auto)", f"{pl['mapping']} from step {pl['applied_at_step']}: predicted {pl['predicted_step_s']:.1f}, "
+                     f"measured {pl['measured_step_s']:.1f} emulated s/step over {pl['steps_measured']} steps ({pl['error']:+.0%})"))
     if result.get("pd"):  # prefill/decode disaggregation (rollout.pd)
         pdm = result["pd"]
         rows.append((f"pd ({cfg.rollout.pd.prefill} → {cfg.rollout.pd.decode})",
@@ -174,6 +179,21 @@ def ablate(name, quick, tiny, out, overrides, report_only):
     except FlowError as e:
         raise click.ClickException(str(e))
     click.echo(f"{len(names)} ablation(s) in {time.monotonic() - t0:.0f} s; reports under {out}/")
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="the full Hugging Face model directory to write")
+@click.option("--base", type=click.Path(exists=True, file_okay=False), help="the base model (default: the one the adapter's config names)")
+def merge(checkpoint, out, base):
+    """Fold the LoRA adapter of CHECKPOINT (a run with trainer.lora) into its base: a full model transformers and vLLM load."""
+    from rollart_dask.data.lora import merge as merge_adapter
+
+    try:
+        path = merge_adapter(checkpoint, out, base)
+    except (FileNotFoundError, ValueError) as e:
+        raise click.ClickException(str(e))
+    click.echo(f"merged {checkpoint} into {path}")
 
 
 @main.group()

@@ -1,4 +1,4 @@
-"""The model directory a flow runs: a tiny model built locally (cached), a given HF directory, or
+"""The model directory a flow runs: a tiny model built locally (cached), SmolLM2-135M from its wheel, a given HF directory, or
 none at all for emulated hardware (its "model" is a timing profile)."""
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ def prepare_model(cfg: FlowConfig) -> Path:
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"model.path {path} is not a Hugging Face model directory (no config.json)")
         return path
+    if cfg.model.kind == "smollm2":
+        from rollart_dask.models.smollm2 import build_smollm2
+
+        return build_smollm2(cache_dir() / "models")
     from rollart_dask.models.tiny import build_tiny_model
 
     m = cfg.model

@@ -48,6 +48,18 @@ def _is_built(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "tokenizer.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def _plain_config(path: Path) -> None:
+    """Dequantised weights, so no ``quantization_config``: with it transformers takes the directory for a GGUF model
+    and refuses to save it again (a trainer's checkpoint)."""
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+    if config.pop("quantization_config", None) is not None:
+        tmp = path / "config.json.tmp"
+        tmp.write_text(json.dumps(config, indent=2))
+        tmp.replace(path / "config.json")
+
+
 def build_smollm2(cache: str | Path | None = None) -> Path:
     """Build (once) and return the Hugging Face directory of SmolLM2-135M-Instruct.
 
@@ -57,6 +69,7 @@ def build_smollm2(cache: str | Path | None = None) -> Path:
     path = Path(cache) if cache is not None else default_cache()
     path = path / NAME
     if _is_built(path):
+        _plain_config(path)
         return path
     src = gguf_path()
     for module in ("gguf", "accelerate"):
@@ -77,6 +90,7 @@ def build_smollm2(cache: str | Path | None = None) -> Path:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _plain_config(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private
         try:
             tmp.rename(path)

@@ -41,7 +41,7 @@ def engine_pools(cfg: FlowConfig, poolmap: PoolMap) -> list[str]:
     if cfg.rollout.pd:  # disaggregated: the engines of both phases, whatever the tasks' affinity
         return sorted({cfg.rollout.pd.prefill, cfg.rollout.pd.decode})
     pools = {task_pool(t) for t in cfg.tasks}
-    if None in pools:  # affinity auto: every engine pool that has workers
+    if None in pools:  # affinity any (or auto, not placed yet): every engine pool that has workers
         pools.discard(None)
         pools |= {p for p in ENGINE_POOLS if poolmap.engine_workers(p)}
     return sorted(pools)
@@ -51,8 +51,8 @@ def flow_needs(cfg: FlowConfig, poolmap: PoolMap) -> dict[str, str]:
     """Pool → why ``cfg`` needs it on this cluster (the run's own rules, plus what set-up finds later)."""
     need = needed_pools(cfg)
     auto = [t.name for t in cfg.tasks if task_pool(t) is None]
-    if auto:  # affinity auto: every engine pool with an engine worker serves, and at least one must
-        why = f"engine for task {', '.join(auto)} (affinity auto)"
+    if auto:  # affinity any/auto: every engine pool with an engine worker serves, and at least one must
+        why = f"engine for task {', '.join(auto)} (affinity {'/'.join(sorted({t.affinity for t in cfg.tasks if t.name in auto}))})"
         for pool in engine_pools(cfg, poolmap) or [ANY_ENGINE]:
             need.setdefault(pool, why)
     stateful = _stateful_rewards(cfg)

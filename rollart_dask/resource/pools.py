@@ -17,8 +17,8 @@ POOLS: tuple[str, ...] = get_args(Pool)
 ENGINE_POOLS: tuple[str, ...] = get_args(EnginePool)
 # reward.mode picks the reward pool: serverless → SERVERLESS (boto3 callers), local → REWARD (a dedicated worker)
 REWARD_POOL = {"serverless": "SERVERLESS", "local": "REWARD"}
-# a task's affinity → the engine pool its generation goes to (auto: any engine pool)
-AFFINITY_POOL: dict[str, str | None] = {"prefill": "H800", "decode": "H20", "auto": None}
+# a task's affinity → the engine pool its generation goes to (any: any engine pool; auto is placed as one of these by the run)
+AFFINITY_POOL: dict[str, str | None] = {"prefill": "H800", "decode": "H20", "any": None}
 TAG_CAPACITY = 1_000_000
 
 

@@ -151,7 +151,8 @@ class WeightStore:
         results = await self._gather_staged(version, staged, engines, spec)
         rows = [r for r in results if not isinstance(r, BaseException)]
         done = time.time()
-        return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "buckets": len(manifest["buckets"]), "engines": len(rows),
+        return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "adapter": manifest.get("adapter", False),
+                "buckets": len(manifest["buckets"]), "engines": len(rows),
                 "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
                 "transfer_s": done - t0, "setup": setup, "_window": (t0, done)}
 
@@ -215,7 +216,8 @@ class WeightStore:
             return {"store": self.kind, "transfers": 0}
         mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
         transfer, waited = mean("transfer_s"), mean("waited_s")
-        return {"store": self.kind, "transfers": len(rows), "bytes": rows[-1]["bytes"], "buckets": rows[-1]["buckets"], "engines": rows[-1]["engines"],
+        return {"store": self.kind, "transfers": len(rows), "bytes": rows[-1]["bytes"], "adapter": rows[-1]["adapter"],
+                "buckets": rows[-1]["buckets"], "engines": rows[-1]["engines"],
                 "publish_s": mean("publish_s"), "pull_s": mean("pull_s"), "transfer_s": transfer, "waited_s": waited,
                 "hidden_fraction": max(0.0, 1 - waited / transfer) if transfer > 0 else 0.0}
 

@@ -38,8 +38,10 @@ def trainer_publish(version: int, spec: dict, _after=None) -> dict:
     """Bucket the trainer's weights as ``version`` and put them where the store keeps them; drop old versions.
     ``started_at`` (wall clock): where a transfer that follows the Train begins, as no client-side wait can shift it."""
     started_at, t0 = time.time(), time.perf_counter()
-    state = service(TRAINER).state_dict()
+    trainer = service(TRAINER)
+    state = trainer.state_dict()  # with trainer.lora: the adapter alone
     manifest, blobs = publish_buckets(state, version, int(spec["bucket_mb"] * 2**20))
+    manifest["adapter"] = getattr(trainer, "lora", None) is not None
     if spec["store"] == "mooncake":
         too_big = [e for e in manifest["buckets"] if e["nbytes"] >= spec["buffer_mb"] << 20]
         if too_big:  # one tensor larger than a bucket gets its own, and the transfer buffer must hold it

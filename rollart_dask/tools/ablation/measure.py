@@ -11,6 +11,7 @@ from pathlib import Path
 from rollart_dask.config import FlowConfig, FlowError, load_flow, task_pools
 from rollart_dask.observe import console
 from rollart_dask.tools.ablation.report import write_report
+from rollart_dask.tools.emulation.flow_ideal import reward_slots
 from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
 
 
@@ -18,13 +19,6 @@ def engine_workers(cfg: FlowConfig) -> dict[str, int]:
     """Engine workers per pool the flow generates on (the TRAIN worker holds no engine)."""
     pools = {p for t in cfg.tasks for p in task_pools(t)}
     return {p: sum(1 for w in cfg.cluster.workers if p in w.pools and "TRAIN" not in w.pools) for p in sorted(pools)}
-
-
-def reward_slots(cfg: FlowConfig) -> int | None:
-    """Rewards scored at once: local = batches in flight on the REWARD workers, each scored in turn; serverless: unbounded."""
-    if cfg.reward.mode == "serverless":
-        return None
-    return sum(min(w.nthreads, cfg.rollout.coalesce_inflight) for w in cfg.cluster.workers if "REWARD" in w.pools)
 
 
 def summarise(rows: list[dict], scale: float, warmup: int) -> dict:

@@ -42,7 +42,7 @@ class EmulatedInstances:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None) -> EmulatedInstances:
+                    emulation: EmulationConfig | None = None, lora=None) -> EmulatedInstances:  # (lora: never, the flow refuses it)
         """The instances the worker's ``pool`` stands for (``emulation.pools[pool]``: gpus / tp of them)."""
         if emulation is None:
             raise ValueError("engine.backend=emulated needs the flow's emulation section")

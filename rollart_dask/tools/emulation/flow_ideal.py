@@ -116,6 +116,13 @@ def task_loads(cfg) -> list[TaskLoad]:
     return loads
 
 
+def reward_slots(cfg) -> int | None:
+    """Rewards scored at once: local = batches in flight on the REWARD workers, each scored in turn; serverless: unbounded."""
+    if cfg.reward.mode == "serverless":
+        return None
+    return sum(min(w.nthreads, cfg.rollout.coalesce_inflight) for w in cfg.cluster.workers if "REWARD" in w.pools)
+
+
 def _pools(cfg, engine_workers: dict[str, int]) -> dict[str, Pool]:
     e = cfg.emulation
     return {p: Pool(GPUS[e.pools[p].gpu], e.pools[p].gpus * k, e.pools[p].tp)

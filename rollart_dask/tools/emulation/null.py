@@ -36,7 +36,7 @@ class NullEngine:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None) -> NullEngine:
+                    emulation: EmulationConfig | None = None, lora=None) -> NullEngine:  # (lora: never, the flow refuses it)
         """``emulation.null_generate_s`` (emulated seconds, slept at ``emulation.time_scale``): each request's service time."""
         return cls(emulation.null_generate_s * emulation.time_scale if emulation is not None else 0.0)
 
