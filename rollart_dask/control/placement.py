@@ -6,16 +6,18 @@ For the first ``placement.profile_steps`` steps an auto task generates on any en
 far (the prefix a cache keeps: its hit rate), the response lengths and the turns per trajectory.
 Response lengths and turns are counted as the turns are *asked* where the request says its length
 (EMULATED workloads do): counted as they finish, the first steps would hold the short ones only, the
-long ones still generating (or aborted as too stale) — a profile biased short. At the
-step boundary after them, the profile becomes a synthetic workload of the same shape and a predictor
-(``PREDICTORS``) gives every mapping of the auto tasks (prefill → H800, decode → H20, any → either) its
-step time on the pools' hardware. The predictor simulates the runtime's policy with calls that cost
-nothing; what the runtime itself costs is measured on the steps run so far (every auto task on any
-pool: one of the mappings simulated), and their ratio scales every prediction. The fastest is taken, printed with its prediction, written to
-``OUT/placement.json`` and to the metrics (a ``placement`` row), and the run's summary sets the
-prediction beside the step time measured from then on. ``placement.profile_from`` reads an earlier
-run's profile instead and decides before rollout. Only emulated flows know their pools' hardware
-(``emulation.pools``): the predictor is the emulation tool's simulator, named here as a string.
+long ones still generating (or aborted as too stale) — a profile biased short.
+
+At the step boundary after them, the profile becomes a synthetic workload of the same shape and a
+predictor (``PREDICTORS``) gives every mapping of the auto tasks (prefill → H800, decode → H20, any →
+either) its step time on the pools' hardware. The predictor simulates the runtime's policy with calls
+that cost nothing; what the runtime itself costs is measured on the steps run so far (every auto task
+on any pool: one of the mappings simulated), and their ratio scales every prediction. The fastest is
+taken, printed with its prediction, written to ``OUT/placement.json`` and to the metrics (a
+``placement`` row), and the run's summary sets the prediction beside the step time measured from
+then on. ``placement.profile_from`` reads an earlier run's profile instead and decides before rollout.
+Only emulated flows know their pools' hardware (``emulation.pools``): the predictor is the emulation
+tool's simulator, named here as a string.
 """
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ from rollart_dask.registries import Registry
 
 PREDICTORS = Registry("placement predictor", {"emulated": "rollart_dask.tools.emulation.placement:rank_mappings"})
 POOL_OF = {"prefill": "H800", "decode": "H20", "any": "H800 or H20"}
-TURNS_KEPT = 4000
-WARMUP_STEPS = 2  # the run's first steps (start-up) are left out of every measured step time  # per task: a profile needs hundreds of turns, not every one
+TURNS_KEPT = 4000  # per task: a profile needs hundreds of turns, not every one
+WARMUP_STEPS = 2  # the run's first steps (start-up) are left out of every measured step time
 
 
 def common_prefix(a, b) -> int:
