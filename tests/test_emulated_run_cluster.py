@@ -157,7 +157,9 @@ def test_a_turn_a_weight_update_interrupts_restarts_or_continues_with_a_version_
     from rollart_dask.entry.api import run_flow
 
     # the turns long enough to be interrupted are the slow task's: without fairness none of them is trained in 5 steps
-    cfg = _emulated_flow(tmp_path, "rollout.alpha=4", "rollout.admission=eager", "rollout.fairness=task", f"rollout.partial={partial}")
+    # (8 steps: in 5, a loaded machine sometimes trained none of the interrupted turns yet)
+    cfg = _emulated_flow(tmp_path, "rollout.alpha=4", "rollout.admission=eager", "rollout.fairness=task", f"rollout.partial={partial}",
+                         "trainer.steps=8")
     batches: list = []
     run_async(run_flow(cfg, tmp_path, on_ready=lambda run: record_trained_batches(run, batches)), timeout=600)
     steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if r["kind"] == "step"]
