@@ -47,14 +47,14 @@ test: $(STAMP)
 ifneq ($(IN_CI),)
 	.ci/system-deps $(BIN)/python
 endif
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q --durations=25 -m "not slow"
 ifneq ($(IN_CI),)
 	$(MAKE) --no-print-directory test-slow
 endif
 
 # The slow end-to-end runs, bounded: past SLOW_TIMEOUT seconds the stage fails. CI runs it as part of `make test`.
 test-slow: $(STAMP)
-	@timeout $(SLOW_TIMEOUT) $(BIN)/python -m pytest -q -m slow; rc=$$?; \
+	@timeout $(SLOW_TIMEOUT) $(BIN)/python -m pytest -q --durations=25 -m slow; rc=$$?; \
 	if [ $$rc -eq 124 ]; then echo "the slow stage ran past SLOW_TIMEOUT=$(SLOW_TIMEOUT) s: failing" >&2; fi; exit $$rc
 
 clean:

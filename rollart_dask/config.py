@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, model_validator
 
 from rollart_dask.capabilities import pd_unsupported_reason
 from rollart_dask.resource.pools import AFFINITY_POOL, ENGINE_POOLS, EnginePool, Pool
@@ -186,9 +186,12 @@ class RolloutConfig(Strict):
     partial: Literal["restart", "continue"] = Field("restart", description="a turn whose generation Suspend interrupted: restart "
                                                     "(generated again from the turn's prompt under the new weights, the paper's) or "
                                                     "continue (from its generated prefix; each token keeps the version that made it)")
-    pd: PDConfig | None = Field(None, description="prefill/decode disaggregation, e.g. {prefill: H800, decode: H20}: every generate call is "
-                                                  "prefilled on the prefill pool and decoded on the decode pool (the tasks' affinity is "
-                                                  "then not used for routing); None = off. Engines: torch (real), emulated (modelled)")
+    pd: Annotated[Annotated[Literal["auto"], Tag("pd-auto")] | Annotated[PDConfig, Tag("pd-route")],  # (one branch: errors name its keys)
+                  Discriminator(lambda v: "pd-auto" if isinstance(v, str) else "pd-route")] | None = Field(None, description="prefill/decode disaggregation, e.g. {prefill: H800, decode: H20}: every "
+                                                  "generate call is prefilled on the prefill pool and decoded on the decode pool (the tasks' "
+                                                  "affinity is then not used for routing); None = off; auto (emulated flows): off or either "
+                                                  "direction, whichever the placement predicts fastest (control/placement.py). Engines: torch "
+                                                  "(real), emulated (modelled)")
 
     @model_validator(mode="after")
     def _mode_rules(self):
@@ -499,14 +502,18 @@ class FlowConfig(Strict):
     @model_validator(mode="after")
     def _auto_affinity(self):
         auto = [t.name for t in self.tasks if t.affinity == "auto"]
+        if self.rollout.pd == "auto" and not self.emulated:
+            raise ValueError(f"rollout.pd: auto predicts each choice's step time from the pools' hardware profiles, which only an "
+                             f"emulated flow has (emulation.pools; engine.backend={self.engine.backend}): set "
+                             "{prefill: H800, decode: H20}, the other direction, or leave it out")
         if not auto:
             return self
         if not self.emulated:
             raise ValueError(f"tasks {auto}: affinity auto predicts each mapping's step time from the pools' hardware profiles, which "
                              f"only an emulated flow has (emulation.pools; engine.backend={self.engine.backend}): set affinity "
                              "prefill, decode or any")
-        if self.rollout.pd is not None:
-            raise ValueError(f"tasks {auto}: affinity auto with rollout.pd: every call is prefilled and decoded on the pd pools anyway; "
+        if isinstance(self.rollout.pd, PDConfig):
+            raise ValueError(f"tasks {auto}: affinity auto with a fixed rollout.pd: every call is prefilled and decoded on the pd pools anyway; "
                              "leave one of them out")
         return self
 
@@ -532,10 +539,11 @@ class FlowConfig(Strict):
             return self
         if self.engine.backend == "vllm":  # auto is resolved (and checked the same way) at launch
             raise ValueError(f"rollout.pd: {pd_unsupported_reason('vllm')}")
+        roles = (("prefill", pd.prefill), ("decode", pd.decode)) if pd != "auto" else (("auto", "H800"), ("auto", "H20"))
         if self.cluster.scheduler is None:  # the embedded cluster: its workers are known now
-            for role, pool in (("prefill", pd.prefill), ("decode", pd.decode)):
+            for role, pool in roles:
                 if not any(pool in w.pools and not {"TRAIN", "REWARD"} & set(w.pools) for w in self.cluster.workers):
-                    raise ValueError(f"rollout.pd.{role}: pool {pool} has no engine worker in cluster.workers (engine workers are those "
+                    raise ValueError(f"rollout.pd{'.' + role if role != 'auto' else ' auto'}: pool {pool} has no engine worker in cluster.workers (engine workers are those "
                                      f"of pool H800 or H20 that are not TRAIN or REWARD workers)")
         return self
 
@@ -556,10 +564,13 @@ class FlowError(ValueError):
     """A flow file or override that does not validate; the message names the key."""
 
 
+UNION_TAGS = ("pd-auto", "pd-route")  # a tagged union's branch in an error's location (rollout.pd), not a key
+
+
 def _format_errors(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(flow)"
+        key = ".".join(str(p) for p in e["loc"] if p not in UNION_TAGS) or "(flow)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -575,17 +586,23 @@ def _format_errors(err: ValidationError) -> str:
 def _allowed_keys(loc: tuple) -> list[str]:
     model: Any = FlowConfig
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or part in UNION_TAGS:
             continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
-        ann = field.annotation
-        inner = getattr(ann, "__args__", None)
-        model = next((a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        model = next(_models_in(field.annotation), None)
         if model is None:
             return []
     return sorted(getattr(model, "model_fields", {}))
+
+
+def _models_in(ann):
+    """The pydantic models a (possibly Optional, Annotated or union) annotation holds."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        yield ann
+    for a in getattr(ann, "__args__", None) or getattr(ann, "__origin__", None) and (ann.__origin__,) or ():
+        yield from _models_in(a)
 
 
 def _parse_value(text: str) -> Any:

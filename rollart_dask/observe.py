@@ -39,6 +39,11 @@ class MetricsWriter:
             self._tb.close()
 
 
+def step_gaps(times: list[float], scale: float = 1.0) -> list[float]:
+    """Seconds between consecutive step ends (``times``, in order), ÷ ``scale`` (an emulated flow's time_scale: emulated s)."""
+    return [(b - a) / scale for a, b in zip(times, times[1:])]
+
+
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():

@@ -111,3 +111,62 @@ def test_a_previous_runs_profile_places_the_tasks_before_rollout(tmp_path):
     cfg.placement.profile_from = str(tmp_path / "nowhere")
     with pytest.raises(Exception, match="placement.profile_from: .* holds no profile"):
         asyncio.run(AutoPlacement(cfg, tmp_path / "run2", lambda: {"H800": 1, "H20": 1}).start())
+
+
+LONG_PROMPTS = {"frozenlake": {"turns": 4, "prompt_tokens": 16000, "obs_tokens": 4000, "output_tokens": 300, "prefix_hit": 0.8},
+                "math": {"turns": 1, "prompt_tokens": 12000, "obs_tokens": 0, "output_tokens": 600, "prefix_hit": 0.0}}
+
+
+def test_pd_auto_ranks_disaggregation_either_way_beside_every_mapping_and_the_kv_link_counts():
+    from rollart_dask.tools.emulation.placement import predict, rank_mappings
+
+    cfg = _workload(frozenlake="auto", math="auto")
+    cfg.rollout.pd = "auto"
+    flow = profiled_flow(cfg, LONG_PROMPTS, steps=6)
+    assert flow["rollout"]["pd"] is None  # each candidate sets its own
+    ranking = rank_mappings(flow, ["frozenlake", "math"], {"H800": 1, "H20": 1}, seeds=1, pd_auto=True)
+    routes = [r["pd"] for r in ranking if r["pd"]]
+    assert len(ranking) == 11 and sorted(map(str, routes)) == sorted(map(str, [{"prefill": "H800", "decode": "H20"},
+                                                                               {"prefill": "H20", "decode": "H800"}]))
+    # long prompts, short answers: prefill on the compute-bound pool and decode on the bandwidth-bound one beats every mapping
+    assert ranking[0]["pd"] == {"prefill": "H800", "decode": "H20"} and ranking[1]["step_s"] > 1.2 * ranking[0]["step_s"]
+    assert ranking[-1]["step_s"] > 2 * ranking[0]["step_s"]
+    # the KV cache crosses the link every turn: a slow link makes the same route slower
+    from rollart_dask.config import FlowConfig
+
+    base = FlowConfig.model_validate(flow)
+    slow = base.model_copy(deep=True)
+    slow.emulation.kv_link_gbps = 0.05
+    route = {"prefill": "H800", "decode": "H20"}
+    mapping = {"frozenlake": "any", "math": "any"}
+    assert predict(slow, mapping, {"H800": 1, "H20": 1}, 1, route)["step_s"] > 1.2 * predict(base, mapping, {"H800": 1, "H20": 1}, 1, route)["step_s"]
+
+
+def test_pd_auto_is_applied_to_the_proxys_route_and_needs_both_pools(tmp_path):
+    import asyncio
+    import json
+
+    from rollart_dask.control.placement import AutoPlacement
+    from rollart_dask.resource.check import needed_pools
+
+    (tmp_path / "before").mkdir()
+    (tmp_path / "before" / "placement.json").write_text(json.dumps({"profile": LONG_PROMPTS}))
+    cfg = _workload(frozenlake="decode", math="prefill")
+    cfg.rollout.pd = "auto"
+    cfg.placement.profile_from, cfg.placement.sim_seeds, cfg.placement.sim_steps = str(tmp_path / "before"), 1, 5
+    assert {"H800", "H20"} <= set(needed_pools(cfg))
+    proxy = SimpleNamespace(pd=None)
+    placement = AutoPlacement(cfg, tmp_path / "run", lambda: {"H800": 1, "H20": 1}, proxy)
+    asyncio.run(placement.start())
+    decided = json.loads((tmp_path / "run" / "placement.json").read_text())
+    assert len(decided["ranking"]) == 3 and decided["mapping"] == {}  # no auto task: off (their own affinities) or either way
+    assert decided["pd"] == {"prefill": "H800", "decode": "H20"} and (proxy.pd.prefill, proxy.pd.decode) == ("H800", "H20")
+    with pytest.raises(Exception, match=r"rollout.pd: auto predicts each choice's step time"):
+        load_flow(data=flow_dict(**{"rollout": {"pd": "auto"}}))
+    with pytest.raises(Exception, match=r"affinity auto with a fixed rollout.pd"):
+        _workload(frozenlake="auto").model_copy(update={}).model_validate({**_workload().model_dump(mode="json", exclude={"imports"}),
+                                                                         "rollout": {"pd": {"prefill": "H800", "decode": "H20"}},
+                                                                         "tasks": [{**t, "affinity": "auto"} for t in _workload().model_dump(mode="json")["tasks"]]})
+    both = _workload(frozenlake="auto", math="auto").model_dump(mode="json", exclude={"imports"})
+    both["rollout"]["pd"] = "auto"
+    assert type(_workload()).model_validate(both).rollout.pd == "auto"  # both automatic: allowed

@@ -1,4 +1,5 @@
-"""Automatic placement: tasks with ``affinity: auto`` go where their measured profile runs fastest.
+"""Automatic placement: tasks with ``affinity: auto`` go where their measured profile runs fastest, and
+``rollout.pd: auto`` disaggregates prefill and decode (either way) or not, whichever is predicted fastest.
 
 For the first ``placement.profile_steps`` steps an auto task generates on any engine pool while the
 ``Profiler`` measures it from its own calls: the first prompt's length, each later turn's new tokens
@@ -10,9 +11,9 @@ long ones still generating (or aborted as too stale) — a profile biased short.
 
 At the step boundary after them, the profile becomes a synthetic workload of the same shape and a
 predictor (``PREDICTORS``) gives every mapping of the auto tasks (prefill → H800, decode → H20, any →
-either) its step time on the pools' hardware. The predictor simulates the runtime's policy with calls
+either; with pd auto also prefill on one pool and decode on the other) its step time on the pools' hardware. The predictor simulates the runtime's policy with calls
 that cost nothing; what the runtime itself costs is measured on the steps run so far (every auto task
-on any pool: one of the mappings simulated), and their ratio scales every prediction. The fastest is
+on any pool, not disaggregated: one of the mappings simulated), and their ratio scales every prediction. The fastest is
 taken, printed with its prediction, written to ``OUT/placement.json`` and to the metrics (a
 ``placement`` row), and the run's summary sets the prediction beside the step time measured from
 then on. ``placement.profile_from`` reads an earlier run's profile instead and decides before rollout.
@@ -30,8 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from rollart_dask.config import FlowConfig, FlowError
-from rollart_dask.observe import console
+from rollart_dask.config import FlowConfig, FlowError, PDConfig
+from rollart_dask.observe import console, step_gaps
 from rollart_dask.registries import Registry
 
 PREDICTORS = Registry("placement predictor", {"emulated": "rollart_dask.tools.emulation.placement:rank_mappings"})
@@ -115,11 +116,21 @@ class Profiler:
         return out
 
 
+def describe(row: dict, pd_auto: bool = False) -> str:
+    """A ranked row or decision in words: where each auto task generates, or the prefill/decode route."""
+    if row.get("pd"):
+        return f"prefill on {row['pd']['prefill']}, decode on {row['pd']['decode']} (rollout.pd; affinity routes nothing)"
+    words = ", ".join(f"{t} → {a} ({POOL_OF[a]})" for t, a in row["mapping"].items())
+    return words + ("; " if words and pd_auto else "") + ("not disaggregated (rollout.pd off)" if pd_auto else "")
+
+
 def profiled_flow(cfg: FlowConfig, profiles: dict[str, dict], steps: int) -> dict:
     """The flow with every profiled task replaced by a synthetic task of its measured shape (the predictor's input).
     Later turns' new tokens stand for the observation: the prefix reuse measured is the cache the workload gets."""
     data = cfg.model_dump(mode="json", exclude={"imports"})
     data["trainer"]["steps"] = steps
+    if data["rollout"]["pd"] == "auto":  # (each candidate sets its own)
+        data["rollout"]["pd"] = None
     for t in data["tasks"]:
         p = profiles.get(t["name"])
         if p is None:
@@ -137,10 +148,10 @@ def profiled_flow(cfg: FlowConfig, profiles: dict[str, dict], steps: int) -> dic
 
 
 async def attach(cfg: FlowConfig, out: Path, services) -> AutoPlacement | None:
-    """The run's placement of its auto tasks (None without any): the env manager feeds its profiler."""
-    if not any(t.affinity == "auto" for t in cfg.tasks):
+    """The run's placement of its auto tasks and ``rollout.pd: auto`` (None without either): the env manager feeds its profiler."""
+    if not any(t.affinity == "auto" for t in cfg.tasks) and cfg.rollout.pd != "auto":
         return None
-    placement = AutoPlacement(cfg, out, lambda: Counter(services.proxy.pool_of.values()))
+    placement = AutoPlacement(cfg, out, lambda: Counter(services.proxy.pool_of.values()), services.proxy)
     services.em.profiler = placement.profiler
     await placement.start()
     return placement
@@ -149,9 +160,10 @@ async def attach(cfg: FlowConfig, out: Path, services) -> AutoPlacement | None:
 class AutoPlacement:
     """The run's side: profile, decide in a separate process (the simulator would hold the event loop's GIL), apply."""
 
-    def __init__(self, cfg: FlowConfig, out: Path, engine_workers):
+    def __init__(self, cfg: FlowConfig, out: Path, engine_workers, proxy=None):
         self.cfg, self.out, self.engine_workers = cfg, Path(out), engine_workers  # engine_workers(): pool → engines
         self.auto = [t for t in cfg.tasks if t.affinity == "auto"]
+        self.pd_auto, self.proxy = cfg.rollout.pd == "auto", proxy  # pd auto: the proxy's route is set when decided (off until then)
         self.profiler = Profiler()
         self.decided: dict | None = None  # placement.json's content once applied
         self._deciding: asyncio.Future | None = None
@@ -196,7 +208,7 @@ class AutoPlacement:
     def _measured_since(self, first: int, last: int) -> float | None:
         """Mean step time (emulated s) of steps ``first``..``last`` (each from the one before it); None without any."""
         times = [t for n, t in sorted(self._step_done.items()) if first - 1 <= n <= last]
-        gaps = [(b - a) / self.cfg.emulation.time_scale for a, b in zip(times, times[1:])]
+        gaps = step_gaps(times, self.cfg.emulation.time_scale)
         return sum(gaps) / len(gaps) if gaps else None
 
     @staticmethod
@@ -204,7 +216,7 @@ class AutoPlacement:
         """The predictor simulates the policy with calls that cost nothing; the runtime's own cost is measured on the
         mapping the run had until now (every auto task on any pool): the ratio of its measured to its simulated step time
         scales every prediction. None measured (a decision from a profile at start): the earlier run's ratio, or 1."""
-        before = next((r for r in decision["ranking"] if all(a == "any" for a in r["mapping"].values())), None)
+        before = next((r for r in decision["ranking"] if not r.get("pd") and all(a == "any" for a in r["mapping"].values())), None)
         if measured is not None and before is not None:
             decision["runtime_factor"], decision["factor_from"] = measured / before["step_s"], "the steps before the switch"
         for r in decision["ranking"]:
@@ -218,19 +230,22 @@ class AutoPlacement:
         rank = PREDICTORS.get("emulated")
         t0 = time.monotonic()
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-            ranking = await asyncio.get_running_loop().run_in_executor(pool, rank, flow, [t.name for t in self.auto], workers, p.sim_seeds)
-        return {"mapping": ranking[0]["mapping"], "simulated_step_s": ranking[0]["step_s"], "ranking": ranking, "profile": profile,
+            ranking = await asyncio.get_running_loop().run_in_executor(pool, rank, flow, [t.name for t in self.auto], workers, p.sim_seeds,
+                                                                       self.pd_auto)
+        return {"mapping": ranking[0]["mapping"], "pd": ranking[0].get("pd"), "simulated_step_s": ranking[0]["step_s"], "ranking": ranking, "profile": profile,
                 "runtime_factor": self._factor, "factor_from": self._factor_from,
                 "profiled_at_step": step, "profile_source": source, "engine_workers": workers, "decide_s": time.monotonic() - t0}
 
     def _apply(self, decision: dict) -> None:
         for t in self.auto:
             t._placed = decision["mapping"][t.name]
+        if self.pd_auto:  # calls issued from now on take the route (those in flight end where they are)
+            self.proxy.pd = PDConfig(**decision["pd"]) if decision["pd"] else None
         self.decided = decision
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "placement.json").write_text(json.dumps(decision, indent=2))
         worst = decision["ranking"][-1]
-        console.print("placement (affinity auto): " + ", ".join(f"{t} → {a} ({POOL_OF[a]})" for t, a in decision["mapping"].items())
+        console.print("placement (auto): " + describe(decision, self.pd_auto)
                       + f"; predicted step time {decision['predicted_step_s']:.1f} emulated s ({len(decision['ranking'])} mappings "
                       f"simulated on the {decision['profile_source']} profile, × {decision['runtime_factor']:.2f} for the runtime's "
                       f"cost measured on {decision['factor_from']}; slowest {worst['predicted_step_s']:.1f} s)")
@@ -242,7 +257,7 @@ class AutoPlacement:
         d = self.decided
         start = d.get("applied_at_step", 0) + 2  # (the step after the switch began on the old mapping)
         measured = self._measured_since(start, max(self._step_done, default=0))
-        return {"mapping": d["mapping"], "predicted_step_s": d["predicted_step_s"], "simulated_step_s": d["simulated_step_s"],
+        return {"mapping": d["mapping"], "pd": d.get("pd"), "predicted_step_s": d["predicted_step_s"], "simulated_step_s": d["simulated_step_s"],
                 "runtime_factor": d["runtime_factor"], "measured_step_s": measured,
                 "steps_measured": sum(1 for n in self._step_done if n >= start), "error": (d["predicted_step_s"] - measured) / measured if measured else None,
                 "applied_at_step": d.get("applied_at_step", 0), "ranking": d["ranking"]}

@@ -71,7 +71,8 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     await client.register_plugin(plugins.trainer_plugin(cfg, str(model_dir)), name=plugins.TRAINER)
     # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
     # one batch per call)
-    proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated, pd=cfg.rollout.pd,
+    proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated,
+                     pd=cfg.rollout.pd if cfg.rollout.pd != "auto" else None,  # (auto: off until the placement decides)
                      partial=cfg.rollout.partial, wait_s=cfg.rollout.worker_wait_s)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
                     reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.kept_local,

@@ -32,10 +32,12 @@ def wrap(model, lora: LoraConfig, base_dir: str | Path | None = None):
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, peft_config(lora, base_dir))
+        wrapped = get_peft_model(model, peft_config(lora, base_dir))
     except ValueError as e:  # e.g. none of the target modules is in this model
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
         raise ValueError(f"trainer.lora.target_modules={list(lora.target_modules)}: {e} (this model's linear layers: {names})") from None
+    wrapped.rollart_adapter_names = frozenset(_state_names(wrapped))  # fixed from now on: every swap checks against them
+    return wrapped
 
 
 def adapter_state(model) -> dict:
@@ -50,7 +52,7 @@ def load_adapter(model, weights: dict) -> None:
     Anything that does not fit (an unknown name, a missing adapter tensor, another shape) is an error."""
     from peft import set_peft_model_state_dict
 
-    expected = set(adapter_state_names(model))
+    expected = getattr(model, "rollart_adapter_names", None) or frozenset(_state_names(model))
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:
         raise ValueError(f"adapter weights do not fit the engine's adapter (trainer.lora must be the same on both sides): "
@@ -58,7 +60,7 @@ def load_adapter(model, weights: dict) -> None:
     set_peft_model_state_dict(model, weights)
 
 
-def adapter_state_names(model) -> list[str]:
+def _state_names(model) -> list[str]:
     from peft import get_peft_model_state_dict
 
     return list(get_peft_model_state_dict(model))

@@ -81,12 +81,14 @@ def run(flow, overrides, scheduler, out, resume):
                      f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
                      f"({w['hidden_fraction']:.0%} hidden behind rollout)"))
     pl = result.get("placement")
-    if pl and pl.get("measured_step_s"):  # affinity auto (control/placement.py)
-        rows.append(("placement (affinity auto)", f"{pl['mapping']} from step {pl['applied_at_step']}: predicted {pl['predicted_step_s']:.1f}, "
+    if pl and pl.get("measured_step_s"):  # affinity auto, rollout.pd auto (control/placement.py)
+        from rollart_dask.control.placement import describe
+        rows.append(("placement (auto)", f"{describe(pl, cfg.rollout.pd == 'auto')} from step {pl['applied_at_step']}: predicted {pl['predicted_step_s']:.1f}, "
                      f"measured {pl['measured_step_s']:.1f} emulated s/step over {pl['steps_measured']} steps ({pl['error']:+.0%})"))
     if result.get("pd"):  # prefill/decode disaggregation (rollout.pd)
         pdm = result["pd"]
-        rows.append((f"pd ({cfg.rollout.pd.prefill} → {cfg.rollout.pd.decode})",
+        route = (pl or {}).get("pd") if cfg.rollout.pd == "auto" else cfg.rollout.pd.model_dump()
+        rows.append((f"pd ({route['prefill']} → {route['decode']})" if route else "pd (auto: off)",
                      f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
                      f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "
                      f"re-prefilled {pdm['reprefilled']}"))

@@ -31,13 +31,17 @@ def needed_pools(cfg: FlowConfig) -> dict[str, str]:
         pool = task_pool(t)
         if pool:
             need[pool] = f"engine for task {t.name} (affinity {t.affinity})"
-    if cfg.rollout.pd:  # disaggregated: every generate call prefills on one pool and decodes on the other
+    if cfg.rollout.pd == "auto":  # any direction may be chosen
+        need.update({p: "engine for rollout.pd auto" for p in ENGINE_POOLS})
+    elif cfg.rollout.pd:  # disaggregated: every generate call prefills on one pool and decodes on the other
         need.update({cfg.rollout.pd.prefill: "engine for rollout.pd.prefill", cfg.rollout.pd.decode: "engine for rollout.pd.decode"})
     return need
 
 
 def engine_pools(cfg: FlowConfig, poolmap: PoolMap) -> list[str]:
     """The pools whose workers get an engine."""
+    if cfg.rollout.pd == "auto":
+        return sorted(ENGINE_POOLS)
     if cfg.rollout.pd:  # disaggregated: the engines of both phases, whatever the tasks' affinity
         return sorted({cfg.rollout.pd.prefill, cfg.rollout.pd.decode})
     pools = {task_pool(t) for t in cfg.tasks}

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from rollart_dask.config import FlowConfig, FlowError, load_flow, task_pools
-from rollart_dask.observe import console
+from rollart_dask.observe import console, step_gaps
 from rollart_dask.tools.ablation.report import write_report
 from rollart_dask.tools.emulation.flow_ideal import reward_slots
 from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
@@ -27,7 +27,7 @@ def summarise(rows: list[dict], scale: float, warmup: int) -> dict:
     if len(steps) < warmup + 2:
         raise RuntimeError(f"only {len(steps)} steps recorded; need at least warmup ({warmup}) + 2 to measure step times")
     window = steps[warmup:]
-    gaps = [(b["elapsed_s"] - a["elapsed_s"]) / scale for a, b in zip(window, window[1:])]
+    gaps = step_gaps([r["elapsed_s"] for r in window], scale)
     step_s = sum(gaps) / len(gaps)
     trajs = statistics.mean(r["trajectories"] for r in window[1:])
     rollout = [r["trajectory_s"]["mean"] / scale for r in window[1:] if r.get("trajectory_s", {}).get("n")]

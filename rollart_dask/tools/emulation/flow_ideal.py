@@ -175,12 +175,18 @@ def _throughput_bound(loads: list[TaskLoad], pools: dict[str, Pool], model) -> f
 
 def _generation_latency(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> np.ndarray:
     """Batch-1 generation time per trajectory and turn (n × turns) given drawn output lengths."""
+    prefill, decode = _generation_parts(t, model, pool, outputs)
+    return prefill[None, :] + decode
+
+
+def _generation_parts(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``_generation_latency`` as (prefill per turn, decode per trajectory and turn)."""
     w = t.workload
     prefill = np.array([prefill_seconds(model, pool.gpu, w.prompt_tokens if k == 0 else max(1, w.obs_tokens), pool.tp, w.prompt_at(k))
                         for k in range(w.turns)])
     mean_ctx = sum(w.prompt_at(k) for k in range(w.turns)) / w.turns
     per_token = decode_step_seconds(model, pool.gpu, 1, int(mean_ctx), pool.tp)
-    return prefill[None, :] + (outputs - 1).clip(min=0) * per_token
+    return prefill, (outputs - 1).clip(min=0) * per_token
 
 
 def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samples: int, seed: int, batch_groups: int,

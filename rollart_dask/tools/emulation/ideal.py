@@ -23,7 +23,7 @@ Assumptions (each a lower bound, so ideal ≤ any real run of the same emulated 
            (Little's law: at most (α + 1) × N trajectories in flight, each taking ≥ E[L].)
            rollart α = 0 is sync at its level.
 - Not modelled: env/reward CPU capacity (unlimited), network, TP communication, preemption,
-  prefill/decode disaggregation, redundancy (which only helps against tails: use E[max] of the
+  prefill/decode disaggregation (simulate.py does), redundancy (which only helps against tails: use E[max] of the
   first G of G + r to model it later).
 """
 from __future__ import annotations
@@ -123,6 +123,11 @@ class Ideal:
 
 def per_trajectory_seconds(w: Workload, model: ModelProfile, pool: Pool) -> float:
     """Throughput view: instance-seconds one trajectory costs at the throughput-optimal batch."""
+    return sum(per_trajectory_parts(w, model, pool))
+
+
+def per_trajectory_parts(w: Workload, model: ModelProfile, pool: Pool) -> tuple[float, float]:
+    """``per_trajectory_seconds`` as (prefill, decode): what each phase costs where prefill and decode are disaggregated."""
     reserve = max(w.prompt_at(k) + w.output_tokens for k in range(w.turns))
     per_instance = max(1, math.ceil(w.trajectories / max(1, pool.instances)))
     batch = max(1, min(per_instance, kv_capacity_tokens(model, pool.gpu, pool.tp) // reserve))
@@ -132,7 +137,7 @@ def per_trajectory_seconds(w: Workload, model: ModelProfile, pool: Pool) -> floa
     for k in range(w.turns):
         new = w.prompt_tokens if k == 0 else max(1, w.obs_tokens)  # earlier prompt + response: prefix cache
         prefill += prefill_flops(model, new, w.prompt_at(k) - new) / (pool.tp * pool.gpu.peak_flops * pool.gpu.prefill_mfu)
-    return prefill + w.turns * (w.output_tokens - 1) * per_token
+    return prefill, w.turns * (w.output_tokens - 1) * per_token
 
 
 def generation_latency(w: Workload, model: ModelProfile, pool: Pool) -> float:

@@ -16,6 +16,8 @@ Service times come from the models the ideal uses:
   a pool's instances are shared among the turns generating on it (processor sharing, water-filled up to each
   turn's own top speed). Suspend aborts the turns in flight; they start again, from nothing, at Resume (or go on
   from where they were with ``rollout.partial: continue``);
+- rollout.pd: a turn's prefill is work on the prefill pool (the prefill part of that work, latency the prefill's), then
+  its whole prompt's KV crosses ``emulation.kv_link_gbps`` (a wait), then the decode is work on the decode pool;
 - reward: serverless at once (its cost ``reward_s``), local on ``reward_slots`` servers in arrival order;
 - train: ``train_step_seconds`` of the batch's tokens; update: ``weight_load_seconds`` of the slowest instance, after
   the cross-cluster transfer (``weight_transfer_seconds``): pulled in the background from the publish on, or inside
@@ -36,9 +38,9 @@ from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
 from rollart_dask.control.fairness import length_shift
 from rollart_dask.control.launcher import admission_limit, draw_group
-from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _pools, env_calls, task_loads, transfer_seconds
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds
-from rollart_dask.tools.emulation.ideal import per_trajectory_seconds
+from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _generation_parts, _pools, env_calls, task_loads, transfer_seconds
+from rollart_dask.tools.emulation.hardware import GPUS, MODELS, kv_transfer_seconds, train_step_seconds, weight_load_seconds
+from rollart_dask.tools.emulation.ideal import per_trajectory_parts
 from rollart_dask.tools.emulation.sharing import Barrier, SharedPool
 from rollart_dask.types import Trajectory
 
@@ -67,6 +69,7 @@ class Simulation:
         self.tasks = {t.name: t for t in cfg.tasks}
         pools = _pools(cfg, engine_workers)
         self.pool_specs = pools
+        self.pd = cfg.rollout.pd if cfg.rollout.pd != "auto" else None  # (auto: the placement predictor sets each candidate's)
         self.pools = {p: SharedPool(self, pool.instances, keep_partial=self.r.partial == "continue") for p, pool in pools.items()}
         self.reward_slots = reward_slots
         self.rng, self.py = np.random.default_rng(seed), random.Random(seed)
@@ -154,12 +157,16 @@ class Simulation:
         w = load.workload
         reset, steps, fail_at = env_calls(t.inject, self.rng, 1, w.turns, self.r.retries, self.timeout_s)
         fail_at = int(fail_at[0])
-        pools = [p for p in task_pools(t) if p in self.pools]
-        pool = min(pools, key=lambda p: (len(self.pools[p].jobs) / self.pools[p].cap, p))
         outs = np.array([[draw_length(load.env_args.get("output_tokens", 256), self.py) for _ in range(w.turns)]])
-        latency = _generation_latency(load, self.model, self.pool_specs[pool], outs)[0]
-        work = self._work(task, pool) * latency / max(latency.sum(), 1e-12)
-        self.length_of[tid] = float(reset[0] + steps[0].sum() + latency.sum() + load.reward_s)
+        if self.pd is not None:
+            ops, gen_s = self._pd_turns(task, outs)
+        else:
+            pools = [p for p in task_pools(t) if p in self.pools]
+            pool = min(pools, key=lambda p: (len(self.pools[p].jobs) / self.pools[p].cap, p))
+            latency = _generation_latency(load, self.model, self.pool_specs[pool], outs)[0]
+            work = self._work(task, pool) * latency / max(latency.sum(), 1e-12)
+            ops, gen_s = [[("gen", pool, float(work[k]), float(latency[k]))] for k in range(w.turns)], float(latency.sum())
+        self.length_of[tid] = float(reset[0] + steps[0].sum() + gen_s + load.reward_s)
         barrier = self.barrier_of.get(tid)
         yield ("wait", float(reset[0]))
         if fail_at == 0:  # the reset failed, its retries too
@@ -171,8 +178,9 @@ class Simulation:
             if k == 0:
                 self.buffer.started(tid, self.engine_version)
                 self.version_of[tid] = self.engine_version
-            yield ("gen", pool, float(work[k]), float(latency[k]))
-            self.where.pop(tid, None)
+            for op in ops[k]:  # one generation, or (rollout.pd) prefill, KV transfer, decode
+                yield op
+                self.where.pop(tid, None)
             yield ("wait", float(steps[0, k]))
             if fail_at == k + 1:  # a failed step fails the trajectory (no retry: env.step is not idempotent)
                 self._end(tid, failed=True)
@@ -183,14 +191,29 @@ class Simulation:
         yield ("reward", load.reward_s)
         self._end(tid, failed=False, gid=gid)
 
-    def _work(self, task: str, pool: str) -> float:
+    def _pd_turns(self, task: str, outs: np.ndarray) -> tuple[list[list[tuple]], float]:
+        """rollout.pd: each turn's prefill on the prefill pool (its share of the prefill work), the KV cache of its whole
+        prompt across ``emulation.kv_link_gbps``, the decode on the decode pool; and the trajectory's generation alone."""
+        load, (pf, dc) = self.loads[task], (self.pd.prefill, self.pd.decode)
+        w = load.workload
+        p_lat = _generation_parts(load, self.model, self.pool_specs[pf], outs)[0]
+        d_lat = _generation_parts(load, self.model, self.pool_specs[dc], outs)[1][0]
+        p_work = self._work(task, pf, phase=0) * p_lat / max(p_lat.sum(), 1e-12)
+        d_work = self._work(task, dc, phase=1) * d_lat / max(d_lat.sum(), 1e-12)
+        kv = [kv_transfer_seconds(self.model, w.prompt_at(k), self.cfg.emulation.kv_link_gbps) for k in range(w.turns)]
+        ops = [[("gen", pf, float(p_work[k]), float(p_lat[k])), ("wait", kv[k]), ("gen", dc, float(d_work[k]), float(d_lat[k]))]
+               for k in range(w.turns)]
+        return ops, float(p_lat.sum() + d_lat.sum() + sum(kv))
+
+    def _work(self, task: str, pool: str, phase: int | None = None) -> float:
         """Instance-seconds of one trajectory at the batch the pool holds when the policy keeps it full: the
         trajectories admission lets be in flight at once, shared by the instances (at most what their KV holds)."""
-        key = (task, pool)
+        key = (task, pool, phase)  # phase (rollout.pd): 0 the prefill's work alone, 1 the decode's
         if key not in self._work_of:
             r, w = self.r, self.loads[task].workload
             in_flight = sum(t.n for t in self.loads.values()) * ((r.alpha + 1) if r.level == "trajectory" else 1)
-            self._work_of[key] = per_trajectory_seconds(replace(w, trajectories=max(1, round(in_flight))), self.model, self.pool_specs[pool])
+            parts = per_trajectory_parts(replace(w, trajectories=max(1, round(in_flight))), self.model, self.pool_specs[pool])
+            self._work_of[key] = sum(parts) if phase is None else parts[phase]
         return self._work_of[key]
 
     def _end(self, tid: str, failed: bool, gid: str | None = None) -> None:
