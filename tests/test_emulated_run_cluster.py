@@ -202,7 +202,7 @@ def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predict
     assert math["turns"] == 1 and math["prefix_hit"] == 0 and math["lengths_from"] == "asked"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     [row] = [r for r in rows if r["kind"] == "placement"]
-    assert row["mapping"] == placed["mapping"] and row["step"] == placed["applied_at_step"] >= 1
+    assert row["mapping"] == placed["mapping"] and row["pd"] is None and row["step"] == placed["applied_at_step"] >= 1
     steps = {r["step"]: r for r in rows if r["kind"] == "step"}
     after = steps[row["step"] + 1]["generate_pools"]
     pool = {"prefill": ["H800"], "decode": ["H20"], "any": ["H800", "H20"]}

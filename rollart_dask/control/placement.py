@@ -203,7 +203,7 @@ class AutoPlacement:
             decision["applied_at_step"] = number
             self._calibrate(decision, self._measured_since(WARMUP_STEPS + 1, number))
             self._apply(decision)
-            write({"kind": "placement", "step": number, **{k: decision[k] for k in ("mapping", "predicted_step_s", "runtime_factor", "ranking")}})
+            write({"kind": "placement", "step": number, **{k: decision[k] for k in ("mapping", "pd", "predicted_step_s", "runtime_factor", "ranking")}})
 
     def _measured_since(self, first: int, last: int) -> float | None:
         """Mean step time (emulated s) of steps ``first``..``last`` (each from the one before it); None without any."""
