@@ -193,6 +193,11 @@ class RolloutConfig(Strict):
                                                   "direction, whichever the placement predicts fastest (control/placement.py). Engines: torch "
                                                   "(real), emulated (modelled)")
 
+    @property
+    def pd_route(self) -> PDConfig | None:
+        """The fixed prefill/decode route (None when off or auto: then the placement sets the proxy's)."""
+        return self.pd if isinstance(self.pd, PDConfig) else None
+
     @model_validator(mode="after")
     def _mode_rules(self):
         defaults = {"sync": ("batch", 0), "one_off": ("batch", 1), "rollart": ("trajectory", 1)}
@@ -512,7 +517,7 @@ class FlowConfig(Strict):
             raise ValueError(f"tasks {auto}: affinity auto predicts each mapping's step time from the pools' hardware profiles, which "
                              f"only an emulated flow has (emulation.pools; engine.backend={self.engine.backend}): set affinity "
                              "prefill, decode or any")
-        if isinstance(self.rollout.pd, PDConfig):
+        if self.rollout.pd_route is not None:
             raise ValueError(f"tasks {auto}: affinity auto with a fixed rollout.pd: every call is prefilled and decoded on the pd pools anyway; "
                              "leave one of them out")
         return self
@@ -539,11 +544,13 @@ class FlowConfig(Strict):
             return self
         if self.engine.backend == "vllm":  # auto is resolved (and checked the same way) at launch
             raise ValueError(f"rollout.pd: {pd_unsupported_reason('vllm')}")
-        roles = (("prefill", pd.prefill), ("decode", pd.decode)) if pd != "auto" else (("auto", "H800"), ("auto", "H20"))
+        route = self.rollout.pd_route
+        roles = (("rollout.pd.prefill", route.prefill), ("rollout.pd.decode", route.decode)) if route else \
+            (("rollout.pd auto", "H800"), ("rollout.pd auto", "H20"))
         if self.cluster.scheduler is None:  # the embedded cluster: its workers are known now
-            for role, pool in roles:
+            for key, pool in roles:
                 if not any(pool in w.pools and not {"TRAIN", "REWARD"} & set(w.pools) for w in self.cluster.workers):
-                    raise ValueError(f"rollout.pd{'.' + role if role != 'auto' else ' auto'}: pool {pool} has no engine worker in cluster.workers (engine workers are those "
+                    raise ValueError(f"{key}: pool {pool} has no engine worker in cluster.workers (engine workers are those "
                                      f"of pool H800 or H20 that are not TRAIN or REWARD workers)")
         return self
 
@@ -601,7 +608,7 @@ def _models_in(ann):
     """The pydantic models a (possibly Optional, Annotated or union) annotation holds."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
         yield ann
-    for a in getattr(ann, "__args__", None) or getattr(ann, "__origin__", None) and (ann.__origin__,) or ():
+    for a in getattr(ann, "__args__", ()):  # (Annotated[X, …] holds X there too)
         yield from _models_in(a)
 
 

@@ -198,7 +198,7 @@ class AutoPlacement:
         if self.profiling and number >= self.cfg.placement.profile_steps:
             self.profiler.active = False
             self._deciding = asyncio.ensure_future(self._decide(self.profiler.profile(), step=number, source="measured"))
-        if self._deciding is not None and self._deciding.done():
+        if self._deciding is not None and self._deciding.done() and number > WARMUP_STEPS:  # (a step past the warm-up calibrates it)
             decision, self._deciding = self._deciding.result(), None
             decision["applied_at_step"] = number
             self._calibrate(decision, self._measured_since(WARMUP_STEPS + 1, number))

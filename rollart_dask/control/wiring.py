@@ -72,7 +72,7 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
     # one batch per call)
     proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated,
-                     pd=cfg.rollout.pd if cfg.rollout.pd != "auto" else None,  # (auto: off until the placement decides)
+                     pd=cfg.rollout.pd_route,  # (auto: off until the placement decides)
                      partial=cfg.rollout.partial, wait_s=cfg.rollout.worker_wait_s)
     em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
                     reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.kept_local,

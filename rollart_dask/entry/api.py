@@ -51,7 +51,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
         if run.dashboard_url:
             console.print(f"rollart page: {run.dashboard_url}")
         console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
-        if cfg.rollout.pd is None or cfg.rollout.pd == "auto":  # (disaggregated, every call is prefilled on one pool and decoded on the other)
+        if cfg.rollout.pd_route is None:  # (disaggregated, every call is prefilled on one pool and decoded on the other)
             for t in cfg.tasks:
                 where = (f"any engine pool for the first {cfg.placement.profile_steps} step(s), then as its measured profile decides"
                          if t.affinity == "auto" and t._placed is None else " or ".join(task_pools(t)))

@@ -87,7 +87,7 @@ def run(flow, overrides, scheduler, out, resume):
                      f"measured {pl['measured_step_s']:.1f} emulated s/step over {pl['steps_measured']} steps ({pl['error']:+.0%})"))
     if result.get("pd"):  # prefill/decode disaggregation (rollout.pd)
         pdm = result["pd"]
-        route = (pl or {}).get("pd") if cfg.rollout.pd == "auto" else cfg.rollout.pd.model_dump()
+        route = cfg.rollout.pd_route.model_dump() if cfg.rollout.pd_route else (pl or {}).get("pd")
         rows.append((f"pd ({route['prefill']} → {route['decode']})" if route else "pd (auto: off)",
                      f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
                      f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "

@@ -69,7 +69,7 @@ class Simulation:
         self.tasks = {t.name: t for t in cfg.tasks}
         pools = _pools(cfg, engine_workers)
         self.pool_specs = pools
-        self.pd = cfg.rollout.pd if cfg.rollout.pd != "auto" else None  # (auto: the placement predictor sets each candidate's)
+        self.pd = cfg.rollout.pd_route  # (auto: the placement predictor sets each candidate's)
         self.pools = {p: SharedPool(self, pool.instances, keep_partial=self.r.partial == "continue") for p, pool in pools.items()}
         self.reward_slots = reward_slots
         self.rng, self.py = np.random.default_rng(seed), random.Random(seed)
