@@ -39,7 +39,7 @@ def scenario_params():
 @pytest.mark.parametrize("name", scenario_params())
 def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path):
     row = run_scenario(load_flow("flows/quickstart.yaml"), SCENARIOS[name], tmp_path, seed=1, budget=BUDGET, limit_s=240)
-    assert row["completed"], row.get("error")
+    assert row["completed"], (row.get("error"), row.get("waiting_in"))
     assert not row["inject_errors"] and len(row["faults"]) == len(SCENARIOS[name].faults), row
     assert row["samples_lost"] == 0 and row["accounting"]["unaccounted"] == 0, row["accounting"]
     assert row["leaked_processes"] == 0 and row["leaked_envs"] in (0, None), row

@@ -62,6 +62,7 @@ class TrainerRecovery:
         self._task: asyncio.Task | None = None
         self._lost: str | None = None  # the trainer's worker being replaced
         self.seen_comm = None  # the client's scheduler connection the monitor last saw
+        self._sent_to: dict[str, str] = {}  # a trainer call's key → the trainer's worker it was sent to
 
     # -- what the run tells it ------------------------------------------------------------------------
     def trained(self, version: int, stage: str, fn: Callable, *args) -> None:
@@ -187,6 +188,10 @@ class TrainerRecovery:
         fatal error (a trainer that could not be re-created) as soon as there is one."""
         while True:
             await self._ready()
+            if fut is not None and self._sent_to.pop(getattr(fut, "key", None), self.run.services.trainer) != self.run.services.trainer:
+                asyncio.ensure_future(self.run.services.d.client.cancel([fut]))  # sent to a trainer re-created since: it would wait
+                fut = None  # for its lost worker for ever (Dask cannot run a task pinned there); sent again to the new one
+                self.run.counts["steps_redone"] += step
             try:
                 if fut is None:
                     fut = await submit()
@@ -197,17 +202,30 @@ class TrainerRecovery:
 
     async def submit(self, submit: Callable[[], Awaitable]):
         """``submit()``'s future, or None when the trainer is (found) lost: ``result`` then submits it again once re-created.
-        (A batch sent to a worker that just died fails before the monitor has seen it go.)"""
+        (A batch sent to a worker that just died fails before the monitor has seen it go; one scattered to it while it
+        dies waits for it up to Dask's 30 s connect timeout, and the trainer is re-created meanwhile: both are sent again.)"""
         if self.down.is_set():
             return None
+        trainer, attempt = self.run.services.trainer, asyncio.ensure_future(submit())
         try:
-            return await submit()
+            done = await _first(attempt, self.down.wait(), self.run._fatal.wait())
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        if attempt not in done:  # lost (or the run failed) while it was being sent: ``result`` sends it again, or raises
+            attempt.cancel()
+            return None
+        try:
+            fut = attempt.result()
         except Exception:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(_first(self.down.wait(), self.run._fatal.wait()), 3)
-            if self.down.is_set():
+            if self.down.is_set() or self.run.services.trainer != trainer:
                 return None
             raise
+        if hasattr(fut, "key"):
+            self._sent_to[fut.key] = trainer
+        return fut
 
     async def submit_train(self, samples: list[dict], after=None, batch_id: str | None = None):
         """A Train on the trainer's worker, ordered after ``after`` (the publish it starts from). The batch goes straight to

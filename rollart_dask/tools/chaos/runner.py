@@ -123,10 +123,13 @@ async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: i
     row: dict = {}
     t0 = time.monotonic()
     try:
-        try:
-            result = await asyncio.wait_for(run_flow(cfg, out, on_ready=injector.attach, on_stopped=stopped), limit_s)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"the run had not ended after {limit_s:.0f} s: it hangs") from None
+        running = asyncio.ensure_future(run_flow(cfg, out, on_ready=injector.attach, on_stopped=stopped))
+        if not (await asyncio.wait({running}, timeout=limit_s))[0]:
+            row["waiting_in"] = waiting_in()  # where each task of the run stands, before they are cancelled
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            raise TimeoutError(f"the run had not ended after {limit_s:.0f} s: it hangs (waiting in: {'; '.join(row['waiting_in'])})")
+        result = running.result()
         rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
         row.update(completed=True, steps=result["steps"], elapsed_s=result["elapsed_s"], accounting=result["accounting"],
                    samples_lost=lost_samples(result, rows, cfg), counts=result["counts"], checkpoints=checkpoints(out))
@@ -138,6 +141,20 @@ async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: i
     if injector.pending:
         row["inject_errors"].append(f"{len(injector.pending)} fault(s) never fired: the run ended first")
     return row
+
+
+def waiting_in() -> list[str]:
+    """Each pending asyncio task's chain of awaits, innermost last: what a hung run waits for."""
+    chains = []
+    for task in asyncio.all_tasks():
+        coro, names = task.get_coro(), []
+        while coro is not None and hasattr(coro, "cr_code"):
+            frame = coro.cr_frame
+            names.append(f"{coro.cr_code.co_name}:{frame.f_lineno if frame else '?'}")
+            coro = coro.cr_await
+        if names and names[0] != "run_in_process":
+            chains.append(" > ".join(names))
+    return sorted(chains)
 
 
 def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed: int) -> dict:
