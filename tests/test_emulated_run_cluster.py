@@ -210,3 +210,30 @@ def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predict
     for task, affinity in placed["mapping"].items():  # from one step after the switch on, calls land only where it says
         new = {p: n - after[task].get(p, 0) for p, n in result["generate_pools"][task].items()}
         assert sum(new.values()) > 0 and all(n == 0 for p, n in new.items() if p not in pool[affinity]), (task, affinity, new)
+
+
+def test_pd_auto_starts_undisaggregated_then_takes_the_route_predicted_fastest(tmp_path, run_async):
+    """Long prompts, short answers, 1 H800 + 1 H20: the run measures its tasks undisaggregated, predicts that
+    prefilling on H800 and decoding on H20 beats no disaggregation, and from the step boundary after the decision
+    every call is prefilled on H800 and decoded on H20 (none before it)."""
+    from rollart_dask.entry.api import run_flow
+
+    cfg = load_flow("flows/ablations/workloads/long_prompts.yaml",
+                    overrides=["trainer.steps=8", "emulation.time_scale=0.01", "rollout.batch_groups=2", "observe.watchdog_s=60",
+                               "placement.profile_steps=1", "placement.sim_seeds=1", "placement.sim_steps=4"])
+    result = run_async(run_flow(cfg, tmp_path), timeout=600)
+    placed = result["placement"]
+    assert placed["pd"] == {"prefill": "H800", "decode": "H20"} and placed["mapping"] == {}, placed
+    assert [r["pd"] for r in placed["ranking"]][0] == placed["pd"] and len(placed["ranking"]) == 3
+    assert placed["applied_at_step"] >= 2 and placed["measured_step_s"] > 0 and placed["predicted_step_s"] > 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    [row] = [r for r in rows if r["kind"] == "placement"]
+    assert row["pd"] == placed["pd"] and row["step"] == placed["applied_at_step"]
+    steps = {r["step"]: r for r in rows if r["kind"] == "step"}
+    before, last = steps[row["step"]], steps[max(steps)]
+    assert before["pd"]["prefill_requests"] == 0  # undisaggregated until the decision
+    assert last["pd"]["prefill_requests"] > 0 and last["pd"]["decode_requests"] > 0 and last["pd"]["kv_bytes_shipped"] > 0
+    pools_after = {t: {p: n - steps[row["step"] + 1]["generate_pools"][t].get(p, 0) for p, n in by_pool.items()}
+                   for t, by_pool in result["generate_pools"].items()}
+    for task, new in pools_after.items():  # a routed call is answered by its decode worker: every new one on H20
+        assert new.get("H20", 0) > 0 and new.get("H800", 0) == 0, (task, new)
