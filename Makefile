@@ -36,6 +36,12 @@ $(STAMP): pyproject.toml setup.cfg
 	$(BIN)/pip install -q -e ".[dev,megatron]"
 	@if [ "$$(uname -m)" = "x86_64" ]; then $(BIN)/pip install -q -e ".[dev,mooncake]"; \
 	else echo "Mooncake: no mooncake-transfer-engine-non-cuda wheel for $$(uname -m): not installed, the Mooncake store tests will skip"; fi
+	# ...and the one system library that wheel loads (weights.store=mooncake), where this user can install it
+	@if [ "$$(uname -m)" = "x86_64" ] && ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && { apt-get install -y -q libibverbs1 >/dev/null 2>&1 || \
+	     { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libibverbs1 >/dev/null 2>&1; }; }; then \
+	    echo "installed Debian's libibverbs1 (weights.store=mooncake loads it)"; \
+	  else echo "NOTE: weights.store=mooncake needs Debian's libibverbs1: sudo apt-get install libibverbs1"; fi; fi
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -102,3 +102,57 @@ def test_scale_benchmark_measures_a_shape_beside_its_simulated_policy(tmp_path):
     assert r["shape"] == "paper" and r["in_flight_max"] == 640 and r["cpu_workers"] == 2  # 640 envs: two hosts of 512 threads
     assert r["measured"]["step_s"] > 0 and r["simulated"]["step_s"] > 0 and r["ideal"]["step_s"] > 0
     assert set(r["overhead_share"]) >= {"generate", "env-step"} and 0 < r["client_cpu_share"]
+
+
+def _trained(tmp_path):
+    """A 2-step quickstart run, checkpointed at each step: (its OUT, its last held-out evaluation row)."""
+    out = tmp_path / "run"
+    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=2", "--set", "trainer.checkpoint_every=1", *TINY],
+                         capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"checkpoint:  {(out / 'checkpoints' / 'step-2').resolve()}\n" in res.stderr  # whole, on one line, to copy
+    return out, [json.loads(line) for line in (out / "metrics.jsonl").open() if '"kind": "eval"' in line][-1]
+
+
+EVAL = [sys.executable, "-m", "rollart_dask.entry.cli", "eval"]
+WIDE = {**__import__("os").environ, "COLUMNS": "300"}
+
+
+def test_rollart_eval_agrees_with_the_runs_held_out_figure_and_rollart_runs_lists_the_run(tmp_path):
+    """`rollart eval RUN_DIR` replays the run's last held-out evaluation (same seeds, same weights, greedy) through its own
+    engine/env/reward path."""
+    out, last = _trained(tmp_path)
+    res = subprocess.run([*EVAL, str(out), "--out", str(tmp_path / "ev")], capture_output=True, text=True, timeout=400, env=WIDE)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [mine] = json.loads((tmp_path / "ev" / "eval.json").read_text())["results"]
+    fig, theirs = mine["eval"]["frozenlake"], last["eval"]["frozenlake"]
+    assert mine["version"] == last["version"] == 2 and mine["held_out"] and fig["seeds"] == theirs["seeds"] == 10
+    lo, hi = fig["success_ci"]
+    assert lo <= theirs["success"] <= hi and lo < hi, (fig, theirs)  # the run's own figure lies within this one's interval
+    assert "success step-2 (v2) [95% CI]" in res.stderr and "held-out range" in res.stderr
+
+    res = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "runs", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env=WIDE)
+    listed = [line for line in res.stderr.splitlines() if str(out) + " " in line]
+    assert res.returncode == 0 and len(listed) == 1 and "2 (2)" in listed[0], res.stderr
+    assert f"frozenlake {theirs['success']:.2f} @v2" in listed[0] and res.stderr.count("evaluation only") == 1, res.stderr
+
+    res = subprocess.run([*EVAL, str(out), "--task", "sokoban"], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "--task sokoban: no such task in the run's flow; its tasks: frozenlake" in res.stderr
+
+
+@pytest.mark.slow
+def test_rollart_eval_compares_two_checkpoints_seed_by_seed_on_an_unseen_range(tmp_path):
+    out, _ = _trained(tmp_path)
+    unseen = ["--start", "5000", "--seeds", "6"]
+    res = subprocess.run([*EVAL, str(out / "checkpoints" / "step-2"), "--compare", str(out / "checkpoints" / "step-1"), *unseen,
+                          "--out", str(tmp_path / "cmp")], capture_output=True, text=True, timeout=600, env=WIDE)
+    assert res.returncode == 0, res.stderr[-3000:]
+    written = json.loads((tmp_path / "cmp" / "eval.json").read_text())
+    a, b = written["results"]
+    assert (a["version"], b["version"]) == (2, 1) and a["start_seed"] == b["start_seed"] == 5000 and not a["held_out"]
+    assert sorted(map(int, a["outcomes"]["frozenlake"])) == list(range(5000, 5006)) == sorted(map(int, b["outcomes"]["frozenlake"]))
+    d = written["compare"]["frozenlake"]["success"]
+    assert d["seeds"] == 6 and d["ci"][0] <= d["diff"] <= d["ci"][1]
+    assert d["diff"] == pytest.approx(a["eval"]["frozenlake"]["success"] - b["eval"]["frozenlake"]["success"])
+    assert "success A − B" in res.stderr

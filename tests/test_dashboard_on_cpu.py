@@ -31,7 +31,8 @@ def fake_run(n_steps=3, t_start=100.0):
         cfg=cfg, run_id="demo-1234", t_start=t_start, published=n_steps, state="running", engine_version=n_steps,
         in_flight=lambda: Counter({"generate": 2, "env-step": 1, "reward": 1}),
         buffer=SimpleNamespace(counts=Counter(aborted_stale=2, redundant_dropped=3, failed=1, worker_lost=1, finished=40, late=5)),
-        metrics=SimpleNamespace(rows=rows), history=history, syncs=syncs)
+        metrics=SimpleNamespace(rows=rows), history=history, syncs=syncs, services=SimpleNamespace(proxy=SimpleNamespace(requests=17 * n_steps)),
+        telemetry=SimpleNamespace(reward_totals=Counter(calls=12 * n_steps, throttles=2, cold_starts=1)))
 
 
 def test_snapshot_is_a_small_serialisable_view_of_the_run():
@@ -45,6 +46,7 @@ def test_snapshot_is_a_small_serialisable_view_of_the_run():
     assert snap["syncs"][0]["t"] == -5.0 and snap["syncs"][1] == {"t": 11.0, "from": 1, "version": 2, "suspend_s": 0.1, "update_s": 0.3,
                                                                  "recompute_kv_s": 0.01}
     assert snap["evals"][-1]["success"] == {"frozenlake": 0.5, "sokoban": 0.125}
+    assert snap["totals"] == {"generate_calls": 51, "reward_calls": 36, "reward_throttles": 2, "reward_cold_starts": 1}
     run.state = "paused"
     assert build_snapshot(run)["status"] == "paused" and build_snapshot(run, final=True)["status"] == "ended"
     long = build_snapshot(fake_run(n_steps=200))  # a long run's message stays bounded
@@ -120,3 +122,30 @@ def test_task_keys_group_by_stage_and_span():
     run = phases.new_span("rollart")
     nested = phases.new_span("step-1", parent=run)  # a step nests in the run's span, entered or not
     assert nested["name"] == ("rollart", "step-1") and nested["ids"][0] == run["ids"][0]
+
+
+def test_the_runs_figures_are_prometheus_series_with_the_run_and_flow_as_labels():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rollart_dask.tools.dashboard.prometheus import RollartCollector
+
+    runs: dict = {}
+    for msg in (build_snapshot(fake_run(n_steps=2)), build_snapshot(fake_run(n_steps=3))):
+        merge_event(runs, msg)
+    collector = RollartCollector()
+    collector.sources.append(runs)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    samples = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("run", "flow")))): s.value
+               for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples}
+    assert all(name.startswith("rollart_") for name, _ in samples)
+    assert samples["rollart_version", ()] == 3 and samples["rollart_up", (("status", "running"),)] == 1
+    assert samples["rollart_turns_total", ()] == 51 and samples["rollart_reward_calls_total", ()] == 36
+    assert samples["rollart_reward_throttles_total", ()] == 2 and samples["rollart_reward_cold_starts_total", ()] == 1
+    assert samples["rollart_trajectories_total", (("outcome", "aborted_stale"),)] == 2
+    assert samples["rollart_trajectories_in_flight", (("stage", "env-step"),)] == 1
+    assert samples["rollart_staleness_samples", (("staleness", "1"),)] == 2 and samples["rollart_pool_busy", (("pool", "TRAIN"),)] == 0.9
+    assert samples["rollart_held_out_success", (("task", "sokoban"),)] == 0.125 and samples["rollart_held_out_version", ()] == 3
+    labels = next(s.labels for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples)
+    assert labels["run"] == "demo-1234" and labels["flow"] == "demo"

@@ -120,3 +120,15 @@ def test_waited_is_the_part_of_the_transfer_the_loop_waited_through(tmp_path, lo
     else:
         assert row["waited_s"] == 0.0 and row["hidden_s"] == row["transfer_s"]
     assert 0.0 <= summary["waited_s"] <= summary["transfer_s"] and 0.0 <= summary["hidden_fraction"] <= 1.0
+
+
+def test_a_mooncake_master_missing_a_system_library_is_an_error_naming_the_package(tmp_path, monkeypatch):
+    """mooncake_master exits 127 when libibverbs.so.1 is not there: the error names the Debian package and the command."""
+    from rollart_dask.data.weights.mooncake import LocalMaster, MooncakeError
+
+    master = LocalMaster(tmp_path / "master.log")
+    said = "mooncake_master: error while loading shared libraries: libibverbs.so.1: cannot open shared object file: No such file or directory"
+    monkeypatch.setattr(master, "_master_cmd", lambda: ["sh", "-c", f"echo '{said}' >&2; exit 127"])
+    with pytest.raises(MooncakeError, match=r"exited with 127 .*libibverbs.so.1 is missing: install Debian's libibverbs1 "
+                                            r"\(`sudo apt-get install libibverbs1`.*or use weights.store=dask"):
+        master.start(timeout_s=10)

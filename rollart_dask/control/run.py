@@ -18,7 +18,7 @@ from typing import Callable
 from rollart_dask.algo.advantages import ADVANTAGES
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
-from rollart_dask.control import elastic, phases, placement, wiring
+from rollart_dask.control import elastic, evaluation, phases, placement, wiring
 from rollart_dask.control.buffer import Group, SampleBuffer
 from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
@@ -27,7 +27,6 @@ from rollart_dask.control.recovery import TrainerRecovery
 from rollart_dask.control.telemetry import Telemetry, pd_metrics
 from rollart_dask.data import tasks
 from rollart_dask.observe import MetricsWriter, console
-from rollart_dask.types import Trajectory
 
 
 @dataclass
@@ -48,7 +47,7 @@ class StepRecord:
 
 
 class Run:
-    def __init__(self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool = False, start_endpoint: Callable | None = None):
+    def __init__(self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool | Path = False, start_endpoint: Callable | None = None):
         self.cfg, self.client, self.out, self.model_dir = cfg, client, out_dir, model_dir
         self.from_checkpoint, self.start_endpoint = resume, start_endpoint
         r = cfg.rollout
@@ -60,6 +59,7 @@ class Run:
         self.run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"  # tells this run's dashboard snapshots from other runs' on the scheduler
         self.published = 0  # policy version: published optimizer updates
         self.history: list[dict] = []  # evaluations
+        self.outcomes: dict[str, dict[int, dict]] = {}  # the last evaluation's outcomes: task → seed → success, reward
         self.syncs: list[dict] = []  # one per weight installation: when, from and to which version, phase times
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
         self.dashboard_url: str | None = None  # the RollArt page, when the entry point registered it
@@ -92,7 +92,7 @@ class Run:
         self.placement = await placement.attach(self.cfg, self.out, s)
         elastic.watch(self)
         if self.from_checkpoint:
-            path, self.published = await wiring.restore(s, self.out)
+            path, self.published = await wiring.restore(s, self.out, None if self.from_checkpoint is True else self.from_checkpoint)
             self.recovery.checkpointed(path, self.published)
         elif self.cfg.warmstart.steps:
             self.published = await wiring.warm_start(s, self.cfg, self.metrics, self.recovery.trained)
@@ -290,26 +290,25 @@ class Run:
         await self.recompute_kv(rec)
 
     # -- evaluation ---------------------------------------------------------------------------------
-    async def evaluate(self) -> dict:
-        """Greedy on the fixed held-out seeds of every task, at the engines' current version."""
-        version, em = self.engine_version, self.services.em
+    async def evaluate(self, seeds: range | None = None, tasks: list[TaskConfig] | None = None, greedy: bool = True) -> dict:
+        """Held-out evaluation at the engines' current version: greedy on the fixed held-out seeds of every task (or
+        ``seeds`` of ``tasks``). Written as an eval row; each task's outcomes by seed are kept in ``self.outcomes``."""
+        version = self.engine_version
         t0 = time.monotonic()
 
-        async def one(task: TaskConfig) -> dict:
-            n = task.eval_seeds or self.cfg.eval.seeds
-            seeds = range(self.cfg.eval.start_seed, self.cfg.eval.start_seed + n)
-            trajs = [Trajectory(id=f"eval-{self.run_id}-v{version}-{task.name}-{s}", group_id="eval", task=task.name, seed=s) for s in seeds]
-            results = await asyncio.gather(*(em.run(t, task, greedy=True) for t in trajs), return_exceptions=True)
-            ok = [r for r in results if isinstance(r, Trajectory)]
-            return {"success": sum(float(t.success) for t in ok) / n, "reward_mean": sum(t.reward for t in ok) / max(len(ok), 1),
-                    "failed_calls": n - len(ok), "seeds": n, "seconds": round(time.monotonic() - t0, 2)}
+        def seeds_of(task: TaskConfig) -> range:
+            start = self.cfg.eval.start_seed
+            return seeds if seeds is not None else range(start, start + (task.eval_seeds or self.cfg.eval.seeds))
 
         with phases.phase(self._step_span, "eval"):
             if self.cfg.emulated:  # EMULATED: synthetic tokens, no policy to score
                 out = {}
             else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
-                results = await asyncio.gather(*(one(task) for task in self.cfg.tasks))
-                out = {task.name: r for task, r in zip(self.cfg.tasks, results)}
+                chosen = tasks or self.cfg.tasks
+                played = await asyncio.gather(*(evaluation.play(self.services.em, t, seeds_of(t), f"{self.run_id}-v{version}", greedy)
+                                                for t in chosen))
+                out = {t.name: figures for t, (figures, _) in zip(chosen, played)}
+                self.outcomes = {t.name: outcomes for t, (_, outcomes) in zip(chosen, played)}
         row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start,
                "eval_s": time.monotonic() - t0}
         self.history.append(row)

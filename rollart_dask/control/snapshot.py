@@ -47,6 +47,8 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         "published": run.published,  # the trainer's
         "inflight": dict(run.in_flight()),
         "counts": counts,
+        # monotonic totals since the run began (Prometheus counters: tools/dashboard/prometheus.py)
+        "totals": {"generate_calls": int(run.services.proxy.requests), **{f"reward_{k}": int(v) for k, v in run.telemetry.reward_totals.items()}},
         "steps": [{"step": int(r["step"]), "t": _r(r.get("elapsed_s", 0.0), 2),
                    "busy": {p: _r(v) for p, v in (r.get("pool_busy") or {}).items()},
                    "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},

@@ -36,6 +36,9 @@ def pd_metrics(engine_stats: dict[str, dict]) -> dict:
     return out
 
 
+REWARD_TOTALS = ("calls", "throttles", "cold_starts", "retries", "errors")  # (per step in the rows; totals in the snapshot)
+
+
 class Telemetry:
     def __init__(self, run):
         self.run = run  # a control.run.Run: read, never steered
@@ -46,6 +49,7 @@ class Telemetry:
         self._busy_prev: dict | None = None
         self._t_prev = time.monotonic()
         self.tokens_trained = 0  # response tokens of every batch taken so far
+        self.reward_totals: Counter = Counter()  # reward calls, throttles, cold starts, retries, errors since the run began
 
     # -- background loops ---------------------------------------------------------------------------
     async def watchdog(self) -> None:
@@ -135,6 +139,7 @@ class Telemetry:
         tokens = sum(len(t.response_ids) for g in groups for tr in g.kept for t in tr.turns)
         self.tokens_trained += tokens
         row = {"reward": s.rewards.step_stats(self._reward_stats, dt, self._reward_slots())}
+        self.reward_totals.update({k: row["reward"].get(k, 0) for k in REWARD_TOTALS})
         if run.cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
             row["pd"] = pd_metrics(self.engine_stats)
         row.update(pool_busy=busy, tokens_per_s=tokens / max(dt, 1e-9), elapsed_s=now - run.t_start, buffer=dict(run.buffer.counts),

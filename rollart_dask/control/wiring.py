@@ -81,16 +81,16 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     return Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
 
 
-async def restore(s: Services, out: Path) -> tuple[str, int]:
-    """The run's latest checkpoint, loaded into the trainer and published: its path and version."""
+async def restore(s: Services, out: Path, checkpoint: Path | None = None) -> tuple[str, int]:
+    """The run's latest checkpoint (or ``checkpoint``), loaded into the trainer and published: its path and version."""
     latest = out / "checkpoints" / "latest"
-    if not latest.exists():
+    if checkpoint is None and not latest.exists():
         raise FileNotFoundError(f"--resume: no checkpoint under {latest.parent}")
-    path = latest.read_text().strip()
+    path = str(Path(checkpoint).resolve()) if checkpoint is not None else latest.read_text().strip()
     fut = s.d.submit_one("restore", tasks.trainer_restore, path, pool="TRAIN", worker=s.trainer)
     version = await fut
     s.weights.publish(version, s.proxy.pool_of, after=fut, setup=True)
-    console.print(f"resumed from {path} at version {version}")
+    console.print(f"{'resumed' if checkpoint is None else 'loaded'} from {path} at version {version}")
     return path, version
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -26,12 +27,24 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
     the run has stopped, before its cluster closes (also after a failure). ``security``: a distributed
     Security for ``cluster.scheduler`` (else the flow's ``cluster.security``). ``run.cluster`` is the
     embedded cluster (None when attached)."""
+    t0 = time.monotonic()
+    async with started(cfg, out, resume, security, on_stopped) as run:
+        if on_ready is not None:
+            on_ready(run)
+        result = await run.run(on_step=on_step)
+        result["wall_s"] = time.monotonic() - t0
+        return result
+
+
+@contextlib.asynccontextmanager
+async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, security=None, on_stopped=None):
+    """A run set up on its cluster (embedded, or the flow's scheduler), its weights installed: from the model, a warm
+    start, the latest checkpoint in ``out`` (``resume`` True) or the checkpoint ``resume`` names. Stopped on leaving."""
     from rollart_dask.resource.cluster import connect
     from rollart_dask.resource.security import MOONCAKE_TRANSPORT, describe
     from rollart_dask.control.run import Run
 
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
     model_dir = prepare_model(cfg)
     client, cluster = await connect(cfg.cluster, security)
     run = None
@@ -68,11 +81,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
             console.print(f"[bold yellow]EMULATED[/bold yellow] hardware timing (no model runs): {emulated['hardware']}")
         write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": s.engine_backend, "engines": s.layout,
                                    "scheduler": client.scheduler.address, "emulated": emulated, "rewards": s.rewards.where})
-        if on_ready is not None:
-            on_ready(run)
-        result = await run.run(on_step=on_step)
-        result["wall_s"] = time.monotonic() - t0
-        return result
+        yield run
     finally:
         if run is not None:  # set-up may have failed after starting a local mooncake_master or reward endpoint
             await run.stop()

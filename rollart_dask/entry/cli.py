@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from rollart_dask.config import FlowError, load_flow
+from rollart_dask.entry.cli_runs import eval_command, merge, runs_command
 
 
 @click.group()
@@ -73,7 +74,7 @@ def run(flow, overrides, scheduler, out, resume):
         rows.append((f"held-out {task} success", f"{a:.3f} (v{first['version']}) → {b:.3f} (v{last['version']})  Δ {b - a:+.3f}"))
     if cfg.warmstart.steps and not resume:
         rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
-    rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", result["checkpoint"])]
+    rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", Path(result["checkpoint"]).name + " (its full path below)")]
     w = result["weights"]
     if w.get("transfers"):
         what = "LoRA adapter: " if w.get("adapter") else ""
@@ -107,6 +108,10 @@ def run(flow, overrides, scheduler, out, resume):
     rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
     console.print(summary_table(f"{cfg.name} — summary", rows))
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
+    files = {"checkpoint": Path(result["checkpoint"]), "metrics": out_dir / "metrics.jsonl", "summary": out_dir / "summary.json",
+             **({"tensorboard": out_dir / "tensorboard"} if cfg.observe.tensorboard else {})}
+    for what, path in files.items():  # whole, never folded by the table: to copy into `rollart eval`, a notebook, a shell
+        console.print(f"{what + ':':12s} {path.resolve()}", soft_wrap=True, highlight=False)
 
 
 @main.command()
@@ -183,19 +188,9 @@ def ablate(name, quick, tiny, out, overrides, report_only):
     click.echo(f"{len(names)} ablation(s) in {time.monotonic() - t0:.0f} s; reports under {out}/")
 
 
-@main.command()
-@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="the full Hugging Face model directory to write")
-@click.option("--base", type=click.Path(exists=True, file_okay=False), help="the base model (default: the one the adapter's config names)")
-def merge(checkpoint, out, base):
-    """Fold the LoRA adapter of CHECKPOINT (a run with trainer.lora) into its base: a full model transformers and vLLM load."""
-    from rollart_dask.data.lora import merge as merge_adapter
-
-    try:
-        path = merge_adapter(checkpoint, out, base)
-    except (FileNotFoundError, ValueError) as e:
-        raise click.ClickException(str(e))
-    click.echo(f"merged {checkpoint} into {path}")
+main.add_command(eval_command)
+main.add_command(merge)
+main.add_command(runs_command)
 
 
 @main.group()

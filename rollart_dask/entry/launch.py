@@ -85,6 +85,11 @@ class RunHandle:
         return self._run.dashboard_url if self._run is not None else None
 
     @property
+    def run_id(self) -> str | None:
+        """The run's id on the scheduler: its dashboard snapshots and the ``run`` label of its rollart_* Prometheus series."""
+        return self._run.run_id if self._run is not None else None
+
+    @property
     def checkpoint_path(self) -> str | None:
         if self.result is not None:
             return self.result["checkpoint"]

@@ -39,6 +39,9 @@ async def keep_replicas(client) -> bool:
     return True
 
 
+PRELOAD = "rollart_dask.tools.dashboard.preload"
+
+
 def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
     """Every server binds ``cfg.listen`` (the workers' HTTP servers too); ``security``: TLS, else plain TCP."""
     host = f"[{cfg.listen}]" if ":" in cfg.listen else cfg.listen
@@ -63,7 +66,8 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
                 "config": {SYSTEM_MONITOR: dask.config.get(SYSTEM_MONITOR)},
             },
         }
-    kwargs = {"host": cfg.listen, "protocol": "tls" if security else "tcp", "dashboard_address": cfg.dashboard_address}
+    kwargs = {"host": cfg.listen, "protocol": "tls" if security else "tcp", "dashboard_address": cfg.dashboard_address,
+              "preload": [PRELOAD]}  # the RollArt page listed in JupyterLab's Dask extension
     scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": kwargs, "env": {**scheduler_env(security), **AMM_OFF}}}
     return {"workers": workers, "scheduler": scheduler, "security": security}
 

@@ -79,7 +79,7 @@ class LocalMaster:
                     code = proc.returncode
                     self.stop()
                     raise MooncakeError(f"{Path(cmd[0]).name if cmd is master else 'the mooncake metadata server'} exited with {code} "
-                                        f"at start; see {self.log_path}")
+                                        f"at start; see {self.log_path}{missing_library(self.log_path)}")
             if all(_accepts(p) for p in (self.rpc_port, self.http_port)):
                 return self
             time.sleep(0.1)
@@ -159,3 +159,16 @@ def close_clients(dask_worker=None) -> int:
             store.close()
         _clients.clear()
     return n
+
+
+LIBRARIES = {"libibverbs.so.1": "libibverbs1"}  # what the Mooncake wheel loads even over TCP → its Debian package
+
+
+def missing_library(log: Path) -> str:
+    """What to do when the log says a shared library was not found: the package and the command, or ''."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for lib, pkg in LIBRARIES.items():
+        if lib in text and "cannot open shared object file" in text:
+            return (f". {lib} is missing: install Debian's {pkg} (`sudo apt-get install {pkg}`; `make install` does it where it can), "
+                    f"or use weights.store=dask")
+    return ""

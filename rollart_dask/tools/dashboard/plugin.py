@@ -55,6 +55,7 @@ class RollartDashboard(SchedulerPlugin):
     def __init__(self):
         self.runs: dict[str, RunState] = {}
         self.app = None
+        self.metrics = False  # the runs' rollart_* series on the scheduler's /metrics
 
     async def start(self, scheduler) -> None:
         from rollart_dask.tools.dashboard.page import add_page
@@ -63,12 +64,24 @@ class RollartDashboard(SchedulerPlugin):
         # Registered while (or after) a run publishes: catch up from the scheduler's event log.
         for _, msg in scheduler.get_events(TOPIC):
             merge_event(self.runs, msg)
+        try:  # (without prometheus_client Dask serves no /metrics either)
+            from rollart_dask.tools.dashboard import prometheus
+        except ImportError:
+            prometheus = None
+        if prometheus is not None and not self.metrics:
+            prometheus.register(self.runs)
+            self.metrics = True
         self.app = add_page(scheduler)  # raises, naming why, where the scheduler cannot serve it
 
     async def close(self) -> None:
         from rollart_dask.tools.dashboard.page import remove_page
 
         remove_page(getattr(self, "scheduler", None), self.app)
+        if self.metrics:
+            from rollart_dask.tools.dashboard import prometheus
+
+            prometheus.unregister(self.runs)
+            self.metrics = False
 
     def log_event(self, topic: str, msg) -> None:
         if topic == TOPIC:

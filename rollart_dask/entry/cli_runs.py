@@ -1,0 +1,122 @@
+"""`rollart` commands about finished runs: evaluate a checkpoint, fold a LoRA adapter into its base."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from rollart_dask.config import FlowError
+
+
+def _interval(value: float, ci: list[float], digits: int = 2) -> str:
+    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+@click.command("eval")
+@click.argument("target", metavar="CHECKPOINT|RUN_DIR", type=click.Path(exists=True, file_okay=False))
+@click.option("--task", "tasks", multiple=True, metavar="NAME", help="evaluate this task only (repeatable; default: every task of the flow)")
+@click.option("--seeds", type=click.IntRange(min=1), default=None, help="seeds per task (default: the flow's held-out count)")
+@click.option("--start", type=int, default=None, help="first seed (default: the held-out range, eval.start_seed)")
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0: greedy; above: sampled")
+@click.option("--compare", "other", type=click.Path(exists=True, file_okay=False), metavar="CHECKPOINT|RUN_DIR",
+              help="a second checkpoint, evaluated on the same seeds: both side by side, and their paired difference")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a key of the run's flow, e.g. engine.backend=vllm")
+@click.option("--out", default=None, type=click.Path(file_okay=False), help="where the evaluation writes (default runs/eval-<time>)")
+def eval_command(target, tasks, seeds, start, temperature, other, overrides, out):
+    """Evaluate CHECKPOINT (RUN/checkpoints/step-N) or RUN_DIR's latest checkpoint on held-out seeds, through the run's own
+    engine, env and reward path: success and reward per task with their 95% confidence intervals."""
+    from rich.table import Table
+
+    from rollart_dask.entry.evaluate import compare, evaluate_sync
+    from rollart_dask.observe import console
+
+    out_dir = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = []
+    try:
+        for i, path in enumerate([target, *([other] if other else [])]):
+            results.append(evaluate_sync(path, out_dir / ("a", "b")[i] if other else out_dir, tasks, seeds, start, temperature, overrides))
+    except (FileNotFoundError, FlowError) as e:
+        raise click.ClickException(str(e))
+    names = [f"{Path(r['checkpoint']).name} (v{r['version']})" for r in results]
+    first = results[0]
+    how = "greedy" if not temperature else f"sampled at temperature {temperature}"
+    table = Table(title=f"{how}, seeds from {first['start_seed']}" + (" (the run's held-out range)" if first["held_out"] else ""))
+    table.add_column("task")
+    table.add_column("seeds", justify="right")
+    for name in names:
+        table.add_column(f"success {name} [95% CI]", justify="right")
+        table.add_column(f"reward {name} [95% CI]", justify="right")
+    diffs = compare(*results) if other else {}
+    if other:
+        table.add_column("success A − B [95% CI]", justify="right")
+    for task, fig in first["eval"].items():
+        row = [task, str(fig["seeds"])]
+        for r in results:
+            f = r["eval"].get(task)
+            row += [_interval(f["success"], f["success_ci"]), _interval(f["reward_mean"], f["reward_ci"], 3)] if f else ["—", "—"]
+        if other:
+            d = diffs[task]["success"]
+            row.append(_interval(d["diff"], d["ci"]) + f" ({d['seeds']} seeds)")
+        table.add_row(*row)
+    console.print(table)
+    for r, name in zip(results, names):
+        failed = {t: f["failed_calls"] for t, f in r["eval"].items() if f["failed_calls"]}
+        console.print(f"{name}: {r['checkpoint']}" + (f"; failed trajectories (counted as no success): {failed}" if failed else ""))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval.json").write_text(json.dumps({"results": results, "compare": diffs}, indent=2))
+    console.print(f"written: {(out_dir / 'eval.json').resolve()}")
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="the full Hugging Face model directory to write")
+@click.option("--base", type=click.Path(exists=True, file_okay=False), help="the base model (default: the one the adapter's config names)")
+def merge(checkpoint, out, base):
+    """Fold the LoRA adapter of CHECKPOINT (a run with trainer.lora) into its base: a full model transformers and vLLM load."""
+    from rollart_dask.data.lora import merge as merge_adapter
+
+    try:
+        path = merge_adapter(checkpoint, out, base)
+    except (FileNotFoundError, ValueError) as e:
+        raise click.ClickException(str(e))
+    click.echo(f"merged {checkpoint} into {path}")
+
+
+def run_row(run_dir: Path) -> dict:
+    """What `rollart runs` shows of one run directory: its flow, mode, steps done (and planned: the flow's last start's,
+    after a --resume the steps left) and last held-out evaluation."""
+    import yaml
+
+    flow = yaml.safe_load((run_dir / "flow.yaml").read_text()) if (run_dir / "flow.yaml").exists() else {}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open() if line.strip()]
+    steps = [r for r in rows if r.get("kind") == "step"]
+    evals = [r for r in rows if r.get("kind") == "eval" and r.get("eval")]
+    rollout = flow.get("rollout", {})
+    mode = f"{rollout.get('mode', '?')} α={rollout.get('alpha', '?')}" if steps or not evals else "evaluation only (rollart eval)"
+    return {"run": str(run_dir), "flow": flow.get("name", "?"), "mode": mode,
+            "steps": len(steps), "planned": flow.get("trainer", {}).get("steps"), "version": steps[-1]["version"] if steps else 0,
+            "held_out": {t: f["success"] for t, f in evals[-1]["eval"].items()} if evals else {},
+            "held_out_at": evals[-1]["version"] if evals else None, "modified": (run_dir / "metrics.jsonl").stat().st_mtime}
+
+
+@click.command("runs")
+@click.argument("root", default="runs", type=click.Path(file_okay=False))
+def runs_command(root):
+    """The runs under ROOT (any depth): flow, mode, steps, last held-out success, newest first."""
+    from rich.table import Table
+
+    from rollart_dask.observe import console
+
+    found = sorted((run_row(m.parent) for m in Path(root).rglob("metrics.jsonl")), key=lambda r: r["modified"], reverse=True)
+    if not found:
+        raise click.ClickException(f"no runs under {root} (a run directory holds metrics.jsonl)")
+    table = Table(title=f"{len(found)} run(s) under {Path(root).resolve()}")
+    for col in ("run", "flow", "mode", "steps (of planned)", "held-out success", "modified"):
+        table.add_column(col, justify="right" if col.startswith("steps") else "left", overflow="fold")
+    for r in found:
+        held = ", ".join(f"{t} {s:.2f}" for t, s in r["held_out"].items()) + (f" @v{r['held_out_at']}" if r["held_out"] else "—")
+        table.add_row(r["run"], r["flow"], r["mode"], f"{r['steps']} ({r['planned']})", held if r["held_out"] else "—",
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["modified"])))
+    console.print(table)

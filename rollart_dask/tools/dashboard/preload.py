@@ -1,0 +1,25 @@
+"""A scheduler preload that lists the RollArt page in JupyterLab's Dask extension.
+
+The extension lists the ``individual-*`` pages of distributed's own dashboard app (``individual-plots.json``),
+an app built once, when the scheduler starts, from ``distributed.dashboard.scheduler.applications``. Preloads are
+imported before that, so importing this module adds the page there as ``/individual-rollart``:
+``dask scheduler --preload rollart_dask.tools.dashboard.preload`` (the embedded default and deploy/ recipes pass
+it). The page the run's plugin adds at ``/rollart`` is the same page, on any scheduler, preloaded or not.
+"""
+from __future__ import annotations
+
+PATH = "/individual-rollart"
+
+try:
+    from distributed.dashboard import scheduler as _dashboard
+except ImportError:  # no bokeh: Dask serves no dashboard to list it in
+    _dashboard = None
+
+if _dashboard is not None:
+    from rollart_dask.tools.dashboard.page import rollart_doc
+
+    _dashboard.applications.setdefault(PATH, rollart_doc)
+
+
+def dask_setup(scheduler) -> None:  # (the preload protocol; all of it is done at import)
+    pass
