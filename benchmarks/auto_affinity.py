@@ -124,7 +124,9 @@ def main(steps, pd, repeats, out, overrides):
                          if repeats > 1 else ""))
         console.print(f"  its printed prediction {a['predicted_step_s']:.1f} s/step (simulated {a['simulated_step_s']:.1f} × the runtime "
                       f"factor {a['runtime_factor']:.2f} measured before the switch) against the {a['measured_step_s']:.1f} measured: "
-                      f"error {a['error']:+.1%}")
+                      f"error {a['error']:+.1%}"
+                      + (f" (the measured mean's standard error ±{a['measured_se_s'] / a['measured_step_s']:.0%}; the steps after the switch "
+                         f"would give the factor {a['refit_factor']:.2f})" if a.get("measured_se_s") else ""))
     (out / "summary.json").write_text(json.dumps({"measured": measured, "auto": autos}, indent=2))
 
 

@@ -197,6 +197,9 @@ def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predict
     assert placed["applied_at_step"] >= 3 and placed["runtime_factor"] != 1.0
     assert placed["predicted_step_s"] == pytest.approx(placed["runtime_factor"] * placed["simulated_step_s"]) and before["predicted_step_s"] > 0
     assert placed["measured_step_s"] > 0 and placed["steps_measured"] >= 1
+    # beside the printed prediction: the factor the steps after the switch would have given, and the measured mean's noise
+    assert placed["refit_factor"] == pytest.approx(placed["measured_step_s"] / placed["simulated_step_s"])
+    assert placed["steps_measured"] < 2 or placed["measured_se_s"] > 0
     decision = json.loads((tmp_path / "placement.json").read_text())
     fl, math = decision["profile"]["frozenlake"], decision["profile"]["math"]
     assert fl["prefix_hit"] > 0.5 and fl["turns"] > 4 and fl["obs_tokens"] == 400  # a multi-turn chat: the conversation repeats
