@@ -101,12 +101,14 @@ def test_engine_contract_choices_version_and_abort():
     assert eng.update_weights(3, {}) == 3 and eng.generate(reqs[:1])[0].version == 3
     assert eng.stats["requests"] == 17 and eng.stats["tokens"] > 0 and eng.stats["busy_s"] > 0
 
-    res = {}
-    th = threading.Thread(target=lambda: res.update(c=eng.generate([{"id": "slow#1", "prompt": "p", "max_tokens": 100_000}])))
+    # At time_scale 1 the request would take minutes of wall time: the abort comes first however late a loaded
+    # machine wakes this thread (an abort that comes before its request ends that request at once, as aborted).
+    slow, res = EmulatedEngine(QWEN3_8B, H800, time_scale=1.0, seed=1), {}
+    th = threading.Thread(target=lambda: res.update(c=slow.generate([{"id": "slow#1", "prompt": "p", "max_tokens": 100_000}])))
     th.start()
     time.sleep(0.2)
-    eng.abort(["slow#1"])
-    th.join(timeout=5)
+    slow.abort(["slow#1"])
+    th.join(timeout=30)
     cut = res["c"][0]  # what it generated before the abort (a continuation goes on from it), far from the whole
     assert cut.finish_reason == "abort" and len(cut.token_ids) < 100_000 and len(cut.logprobs) == len(cut.token_ids)
 
