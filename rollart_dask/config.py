@@ -428,10 +428,48 @@ class PlacementConfig(Strict):
     sim_steps: int = Field(8, ge=3, description="steps per simulated run (the first 2 left out as warm-up)")
 
 
+class WandbConfig(Strict):
+    project: str = Field("rollart", description="W&B project")
+    entity: str | None = Field(None, description="W&B team or user (None: the logged-in user's default)")
+    mode: Literal["offline", "online", "disabled"] = Field("offline", description="offline: the run is kept under OUT/wandb (no account "
+                                                                                  "needed; `wandb sync` uploads it later); online: sent as it runs")
+
+
+class MlflowConfig(Strict):
+    tracking_uri: str | None = Field(None, description="MLflow tracking server or store (None: a file store under OUT/mlruns)")
+    experiment: str = Field("rollart", description="MLflow experiment (created when missing)")
+
+
 class ObserveConfig(Strict):
     watchdog_s: float = Field(120, gt=0, description="report a step that makes no progress for this long")
     progress: bool = Field(True, description="show a progress bar")
-    tensorboard: bool = True
+    tensorboard: bool = Field(True, exclude=True, description="TensorBoard scalars under OUT/tensorboard: the same as naming "
+                                                            "tensorboard in loggers (flow.yaml records loggers only)")
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"], description="experiment trackers that get every metrics.jsonl row's numbers at its step, "
+                                                             "the flow as config and the final checkpoint (metrics.jsonl is always written)")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="loggers names wandb: where its run goes")
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="loggers names mlflow: where its run goes")
+    checkpoint_artifact: bool = Field(True, description="wandb/mlflow: the final checkpoint as an artefact (MLflow's file store copies it)")
+
+    @model_validator(mode="after")
+    def _loggers(self):
+        """``tensorboard`` (the older key) and ``loggers`` say one thing: whichever the flow gives decides, both must agree."""
+        given = self.model_fields_set
+        if len(set(self.loggers)) != len(self.loggers):
+            raise ValueError(f"observe.loggers: each logger once, got {self.loggers}")
+        named = "tensorboard" in self.loggers
+        if {"tensorboard", "loggers"} <= given and self.tensorboard != named:
+            raise ValueError(f"observe.tensorboard is {str(self.tensorboard).lower()} but observe.loggers {'names' if named else 'leaves out'} "
+                             f"tensorboard ({self.loggers}): give one of the two, or make them agree")
+        # (written past validate_assignment: a synced field is not one the flow gave, and no validation loop starts)
+        if "loggers" in given:
+            self.__dict__["tensorboard"] = named
+        elif not self.tensorboard:
+            self.__dict__["loggers"] = [x for x in self.loggers if x != "tensorboard"]
+        elif not named:  # tensorboard assigned true after loading
+            self.__dict__["loggers"] = ["tensorboard", *self.loggers]
+        return self
 
 
 class FlowConfig(Strict):

@@ -1,4 +1,4 @@
-"""Metrics out: JSONL (one line per step), TensorBoard scalars, a progress bar, a summary table."""
+"""Metrics out: JSONL (one line per step) and the experiment trackers (trackers.py), a progress bar, a summary table."""
 from __future__ import annotations
 
 import json
@@ -8,18 +8,26 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rollart_dask.config import ObserveConfig
+from rollart_dask.trackers import TRACKERS
+
 console = Console(stderr=True)
 
 
 class MetricsWriter:
-    def __init__(self, out_dir: Path, tensorboard: bool = True):
-        self.path = out_dir / "metrics.jsonl"
-        self._f = self.path.open("a")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+    """metrics.jsonl, always; every row also goes to the trackers ``observe.loggers`` names (trackers.py)."""
 
-            self._tb = SummaryWriter(str(out_dir / "tensorboard"))
+    def __init__(self, out_dir: Path, observe: ObserveConfig | None = None, flow: dict | None = None):
+        observe = observe if observe is not None else ObserveConfig()
+        self.path, self._f = out_dir / "metrics.jsonl", None
+        self.trackers: dict = {}
+        try:
+            for name in observe.loggers:
+                self.trackers[name] = TRACKERS[name](out_dir, observe, flow or {})
+        except BaseException:  # (an extra not installed, a server refusing): the runs already started end, not dangle
+            self.close()
+            raise
+        self._f = self.path.open("a")
         self.rows: list[dict] = []
 
     def write(self, row: dict) -> None:
@@ -27,32 +35,31 @@ class MetricsWriter:
         self.rows.append(row)
         self._f.write(json.dumps(row, default=float) + "\n")
         self._f.flush()
-        if self._tb is not None:
-            step = int(row.get("step", len(self.rows)))
-            for k, v in _flatten(row).items():
-                if isinstance(v, (int, float)) and k not in ("time", "step"):
-                    self._tb.add_scalar(k, v, step)
+        for name, tracker in list(self.trackers.items()):
+            self._call(name, tracker.log, row)
 
-    def close(self) -> None:
-        self._f.close()
-        if self._tb is not None:
-            self._tb.close()
+    def close(self, final_checkpoint: str | Path | None = None) -> None:
+        """``final_checkpoint``: the run's last checkpoint directory, an artefact of the trackers that keep files."""
+        if self._f is not None:
+            self._f.close()
+        ckpt = Path(final_checkpoint) if final_checkpoint is not None and Path(final_checkpoint).is_dir() else None
+        for name, tracker in list(self.trackers.items()):
+            self._call(name, tracker.close, ckpt)
+        self.trackers.clear()
+
+    def _call(self, name: str, fn, arg) -> None:
+        """A tracker that fails (its server gone, its disk full) is left out from then on: the run and metrics.jsonl go on."""
+        try:
+            fn(arg)
+        except Exception as e:  # noqa: BLE001 (any failure of a third-party tracker)
+            console.print(f"[yellow]observe.loggers: {name} failed ({type(e).__name__}: {e}); "
+                          f"left out from here (metrics.jsonl has every row)[/yellow]")
+            self.trackers.pop(name, None)
 
 
 def step_gaps(times: list[float], scale: float = 1.0) -> list[float]:
     """Seconds between consecutive step ends (``times``, in order), ÷ ``scale`` (an emulated flow's time_scale: emulated s)."""
     return [(b - a) / scale for a, b in zip(times, times[1:])]
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "/"))
-        else:
-            out[key] = v
-    return out
 
 
 def summary_table(title: str, rows: list[tuple[str, str]]) -> Table:

@@ -12,8 +12,13 @@ TINY = ["--set", "rollout.batch_groups=4", "--set", "eval.seeds=10", "--set", "e
 
 
 def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
+    """Also every tracker (observe.loggers): a real run's W&B (offline) and MLflow (file store) runs hold metrics.jsonl's
+    rows, the effective flow and the final checkpoint."""
+    from test_trackers_on_cpu import isolated_env, read_mlflow, read_wandb, triples_of_jsonl
+
     out = tmp_path / "run"
-    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=3", *TINY], capture_output=True, text=True, timeout=400)
+    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=3", "--set", "observe.loggers=[tensorboard,wandb,mlflow]", *TINY],
+                         capture_output=True, text=True, timeout=400, env=isolated_env(tmp_path))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "held-out frozenlake success" in res.stderr and "quickstart — summary" in res.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
@@ -36,6 +41,14 @@ def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
     v3 = load_file(f"{ckpt}/model.safetensors")
     assert v3.keys() == initial.keys() and [k for k in initial if not torch.equal(v3[k], initial[k])]  # trained weights were saved
     assert (out / "tensorboard").is_dir()
+    expected, final = triples_of_jsonl(out / "metrics.jsonl"), {p.name for p in __import__("pathlib").Path(ckpt).iterdir()}
+    w_triples, w_config, w_artifacts = read_wandb(out)
+    assert w_triples == expected and len(expected) > 100
+    assert w_config["rollout"]["batch_groups"] == 4 and w_config["observe"]["loggers"] == ["tensorboard", "wandb", "mlflow"]
+    assert {f.split("/")[-1] for f in w_artifacts["quickstart-checkpoint"][1]} >= final > {"model.safetensors"}
+    m_triples, params, _, m_ckpt, m_flow, status = read_mlflow(out)
+    assert m_triples == expected and params["rollout/batch_groups"] == "4" and status == "FINISHED"
+    assert {f.split("/")[-1] for f in m_ckpt} >= final and m_flow["_effective"]["engine_backend"] == "torch"
 
     # --resume continues from the checkpoint's version, and from its weights
     res = subprocess.run([*RUN, "--out", str(out), "--resume", "--set", "trainer.steps=1", *TINY], capture_output=True, text=True, timeout=400)

@@ -55,7 +55,8 @@ class Run:
         self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness)
         self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
         self.counts: Counter = Counter()
-        self.metrics = MetricsWriter(out_dir, cfg.observe.tensorboard)
+        self.metrics = MetricsWriter(out_dir, cfg.observe, cfg.model_dump(mode="json"))  # (the flow: each tracker's config)
+        self.final_checkpoint: str | None = None  # written at the run's end: the trackers' artefact
         self.run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"  # tells this run's dashboard snapshots from other runs' on the scheduler
         self.published = 0  # policy version: published optimizer updates
         self.history: list[dict] = []  # evaluations
@@ -351,7 +352,7 @@ class Run:
             if self.history[-1]["version"] != self.engine_version:
                 await self.evaluate()
             notify(self)
-            ckpt = await self.checkpoint(final=True)
+            ckpt = self.final_checkpoint = await self.checkpoint(final=True)
             return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
                     "counts": {**self.buffer.counts, **self.counts, **s.em.counts, **s.weights.counts}, "steps": self.published - self.launcher.base_version,
                     "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "generate_pools": s.proxy.landed_by_task(), "accounting": self.accounting(),
@@ -388,7 +389,7 @@ class Run:
                 console.print(f"[yellow]{left} env closes got no answer within rollout.env_timeout_s "
                               f"({self.cfg.rollout.env_timeout_s:.0f} s): their envs may outlive the run[/yellow]")
         try:
-            self.metrics.close()
+            self.metrics.close(self.final_checkpoint)
             self.d.close()
             if self.services is not None:
                 await asyncio.to_thread(self.services.rewards.close)

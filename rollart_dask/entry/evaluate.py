@@ -28,10 +28,11 @@ def locate(target: str | Path) -> tuple[Path, Path]:
 
 
 def eval_flow(run_dir: Path, overrides: list[str]) -> FlowConfig:
-    """The run's effective flow (what `rollart run` wrote), with ``overrides``: no training, no warm start, no TensorBoard."""
+    """The run's effective flow (what `rollart run` wrote), with ``overrides``: no training, no warm start, no trackers."""
     data = yaml.safe_load((run_dir / "flow.yaml").read_text())
     data.pop("_effective", None)
-    cfg = load_flow(data=data, overrides=["warmstart.steps=0", "observe.tensorboard=false", "observe.progress=false", *overrides])
+    cfg = load_flow(data=data, overrides=["warmstart.steps=0", "observe.tensorboard=false", "observe.loggers=[]", "observe.progress=false",
+                                          *overrides])
     if cfg.emulated:
         raise FlowError(f"{run_dir}: an EMULATED flow (engine.backend emulated) has no policy to evaluate")
     return cfg
