@@ -43,6 +43,7 @@ def main(flow, minutes, target, out, overrides):
         console.print(f"[bold]{name}[/bold]: {cfg.rollout.mode} level={cfg.rollout.level} α={cfg.rollout.alpha}")
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a run appends to its directory's log: read this run's rows only
         res = run_sync(cfg, out_dir)
+        (out_dir / "summary.json").write_text(json.dumps(res, indent=2, default=str))  # as `rollart run` leaves it: `rollart report` reads it
         rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").open()]
         task = cfg.tasks[0].name
         t, v = time_to_target(rows, task, target)

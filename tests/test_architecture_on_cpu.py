@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("resource plane", ("rollart_dask.resource",)),
     ("data plane", ("rollart_dask.data",)),
     ("control plane", ("rollart_dask.control",)),
-    ("tools", ("rollart_dask.tools.emulation", "rollart_dask.tools.lambda_local", "rollart_dask.tools.dashboard")),
+    ("tools", ("rollart_dask.tools.emulation", "rollart_dask.tools.lambda_local", "rollart_dask.tools.dashboard", "rollart_dask.tools.report")),
     ("entry", ("rollart_dask.entry.api", "rollart_dask.entry.launch")),
     ("experiments", ("rollart_dask.tools.ablation",)),
     ("command line", ("rollart_dask.entry.cli", "rollart_dask")),

@@ -61,6 +61,15 @@ def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
     from_v3, from_initial = distance(v4, v3), distance(v4, initial)
     assert from_v3 < from_initial, (from_v3, from_initial)
 
+    # the report of this run, resumed: one page, every figure its rows have (an EMULATED-free torch run has them all)
+    res = subprocess.run([*RUN[:-2], "report", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    page = (out / "report" / "index.html").read_text()
+    assert "not drawn" not in page and "4 of 1" not in page and "<td>4</td>" in page
+    from rollart_dask.tools.report.figures import FIGURES
+
+    assert all((out / "report" / name).stat().st_size > 5_000 for name, _, _ in FIGURES)
+
 
 def distance(a: dict, b: dict) -> float:
     return sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a) ** 0.5

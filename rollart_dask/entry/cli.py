@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from rollart_dask.config import FlowError, load_flow
-from rollart_dask.entry.cli_runs import eval_command, merge, runs_command
+from rollart_dask.entry.cli_runs import eval_command, merge, report_command, runs_command
 
 
 @click.group()
@@ -191,6 +191,7 @@ def ablate(name, quick, tiny, out, overrides, report_only):
 main.add_command(eval_command)
 main.add_command(merge)
 main.add_command(runs_command)
+main.add_command(report_command)
 
 
 @main.group()

@@ -1,4 +1,4 @@
-"""`rollart` commands about finished runs: evaluate a checkpoint, fold a LoRA adapter into its base."""
+"""`rollart` commands about finished runs: evaluate a checkpoint, fold a LoRA adapter into its base, list runs, report on them."""
 from __future__ import annotations
 
 import json
@@ -120,3 +120,20 @@ def runs_command(root):
         table.add_row(r["run"], r["flow"], r["mode"], f"{r['steps']} ({r['planned']})", held if r["held_out"] else "—",
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(r["modified"])))
     console.print(table)
+
+
+@click.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR [RUN_DIR ...]", type=click.Path(file_okay=False))
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="where index.html and its PNGs go (default: RUN_DIR/report for one run, report/ in the runs' common folder for several)")
+def report_command(run_dirs, out):
+    """A static HTML page with PNGs of one run, or comparing runs (a folder stands for every run below it): held-out
+    success over time and versions, train reward, entropy/KL/clip fraction, staleness, aborted/dropped/failed, the six
+    phases, pool busy fractions, weight transfer, the reward service."""
+    from rollart_dask.tools.report import ReportError, build_report
+
+    try:
+        index = build_report(list(run_dirs), out)
+    except ReportError as e:
+        raise click.ClickException(str(e))
+    click.echo(f"report: {index.resolve()}")
