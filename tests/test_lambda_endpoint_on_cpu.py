@@ -325,6 +325,32 @@ def test_non_loopback_bind_requires_token(tmp_path, monkeypatch):
         assert stats["functions"]["fl"]["invocations"] == 1 and stats["auth_failures"] >= 4
 
 
+def test_step_figures_go_on_while_the_endpoint_restarts(tmp_path):
+    """A step that ends while the run's endpoint is down (killed, not yet restarted) records that instead of failing the
+    run; after the restart, whose counters start again from zero, the utilisation is a fraction again."""
+    from rollart_dask.config import load_flow
+    from rollart_dask.control.reward_plane import RewardPlane
+    from tests.conftest import flow_dict
+
+    plane = RewardPlane(load_flow(data=flow_dict(**{"reward.mode": "serverless"})), tmp_path)
+    with start_local_endpoint(state_dir=tmp_path / "state", mode="process") as ep:
+        plane.endpoint = ep
+        client = make_lambda_client(ep.url)
+        deploy("fl", "frozenlake", client)
+        traj = {"task": "frozenlake", "info": {"success": True, "malformed": 0}, "turns": []}
+        for _ in range(3):
+            invoke_reward(client, "fl", traj)
+        before = plane.step_stats([], wall_s=1.0, n_reserved=1)
+        assert 0 < before["utilisation"] <= 1 and "endpoint_unreachable" not in before
+        ep.process.kill()
+        down = plane.step_stats([], wall_s=1.0, n_reserved=1)
+        assert "Connection refused" in down["endpoint_unreachable"] and "utilisation" not in down
+        ep.process.restart()
+        invoke_reward(client, "fl", traj)
+        after = plane.step_stats([], wall_s=1.0, n_reserved=1)
+        assert 0 < after["utilisation"] <= 1 and 0 <= after["paid_utilisation"] <= 1, after
+
+
 def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
     """`rollart rewards deploy` packages a registered reward and creates (then updates) it on the endpoint."""
     from click.testing import CliRunner

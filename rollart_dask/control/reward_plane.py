@@ -192,12 +192,17 @@ class RewardPlane:
                             "busy_s": round(delta.get("busy_s", 0.0), 4),
                             "utilisation": round(delta.get("busy_s", 0.0) / max(wall_s * max(hosts, 1), 1e-9), 4)}
         if self.endpoint is not None:
-            fns = self.endpoint.stats().get("functions", {})
-            alive = sum(f.get("alive_s", 0.0) for f in fns.values())
-            billed = sum(f.get("billed_ms", 0) for f in fns.values()) / 1000
-            ran = sum(f.get("duration_ms", 0.0) for f in fns.values()) / 1000
-            d_alive, d_billed, d_ran = (x - p for x, p in zip((alive, billed, ran), self._prev_endpoint))
-            self._prev_endpoint = (alive, billed, ran)
+            try:
+                fns = self.endpoint.stats().get("functions", {})
+            except OSError as e:  # the endpoint is down (restarting): its figures wait for the next step; the run goes on
+                out["endpoint_unreachable"] = f"{type(e).__name__}: {e}"
+                return out
+            totals = tuple(sum(f.get(k, 0.0) for f in fns.values()) for k in ("alive_s", "billed_ms", "duration_ms"))
+            totals = (totals[0], totals[1] / 1000, totals[2] / 1000)
+            if any(x < p for x, p in zip(totals, self._prev_endpoint)):  # a restarted endpoint counts from zero again
+                self._prev_endpoint = (0.0, 0.0, 0.0)
+            d_alive, d_billed, d_ran = (x - p for x, p in zip(totals, self._prev_endpoint))
+            self._prev_endpoint = totals
             out["utilisation"] = round(d_billed / d_alive, 4) if d_alive > 0 else 0.0
             out["paid_utilisation"] = round(d_ran / d_billed, 4) if d_billed > 0 else 0.0
             out["environments"] = sum(f.get("environments", 0) for f in fns.values())
