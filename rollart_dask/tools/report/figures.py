@@ -131,8 +131,9 @@ def rewards(runs: list[RunData]) -> Figure | None:
                            "reward service (" + ", ".join(sorted({str((s.get('reward') or {}).get('mode')) for r in runs for s in r.steps})) + ")")
 
 
-def _per_run(runs: list[RunData], title: str, ylabel: str, draw: Callable, stacked: bool = False) -> Figure | None:
-    """One panel per run (``draw(ax, run)`` returns False when the run has nothing to draw), shared y axis."""
+def _per_run(runs: list[RunData], title: str, ylabel: str, draw: Callable, omit_if_empty: bool = True) -> Figure | None:
+    """One panel per run (``draw(ax, run)`` returns False when the run has nothing to draw), shared y axis. With
+    ``omit_if_empty`` False, a figure no run has anything for is still drawn ("none recorded" is the news: nothing lost)."""
     drawn = [r for r in runs if r.steps]
     if not drawn:
         return None
@@ -147,7 +148,7 @@ def _per_run(runs: list[RunData], title: str, ylabel: str, draw: Callable, stack
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         _legend(ax)
-    return fig if any_drawn or not stacked else None
+    return fig if any_drawn or not omit_if_empty else None
 
 
 def _window(n: int) -> int:
@@ -160,9 +161,13 @@ def _stack(ax, xs: list, series: dict[str, list[float]]) -> bool:
         return False
     k = _window(len(xs))
     ax.stackplot(xs, *(_smooth(ys, k) for ys in series.values()), labels=list(series), alpha=0.85, step="mid")
+    _say_window(ax, k)
+    return True
+
+
+def _say_window(ax, k: int) -> None:
     if k > 1:
         ax.set_title(f"mean of the last {k} steps", fontsize=7, loc="right")
-    return True
 
 
 def phases(runs: list[RunData]) -> Figure | None:
@@ -170,7 +175,7 @@ def phases(runs: list[RunData]) -> Figure | None:
         have = [p for p in PHASES if any(p in s for s in run.steps)]
         return _stack(ax, [s["step"] for s in run.steps], {p.removesuffix("_s"): [float(s.get(p) or 0.0) for s in run.steps] for p in have})
 
-    return _per_run(runs, "a step's six phases (seconds, stacked)", "seconds", draw, stacked=True)
+    return _per_run(runs, "a step's six phases (seconds, stacked)", "seconds", draw)
 
 
 def staleness_shares(steps: list[dict]) -> dict[int, list[float]]:
@@ -186,20 +191,21 @@ def staleness(runs: list[RunData]) -> Figure | None:
         shares = staleness_shares(run.steps)
         return _stack(ax, [s["step"] for s in run.steps], {f"{v} behind": ys for v, ys in shares.items()})
 
-    return _per_run(runs, "staleness of the trained trajectories (share per step)", "share", draw, stacked=True)
+    return _per_run(runs, "staleness of the trained trajectories (share per step)", "share", draw)
 
 
 def pools(runs: list[RunData]) -> Figure | None:
     def draw(ax, run):
         names = sorted({p for s in run.steps for p in s.get("pool_busy", {})})
+        k = _window(len(run.steps))
         for p in names:
             xs, ys = _series(run.steps, f"pool_busy/{p}")
-            ax.plot(xs, _smooth(ys, _window(len(ys))), label=p)
-        if names and _window(len(run.steps)) > 1:
-            ax.set_title(f"mean of the last {_window(len(run.steps))} steps", fontsize=7, loc="right")
+            ax.plot(xs, _smooth(ys, k), label=p)
+        if names:
+            _say_window(ax, k)
         return bool(names)
 
-    return _per_run(runs, "pool busy fraction per step (CPU: env calls in flight)", "busy", draw, stacked=True)
+    return _per_run(runs, "pool busy fraction per step (CPU: env calls in flight)", "busy", draw)
 
 
 def dropped(runs: list[RunData]) -> Figure | None:
@@ -213,7 +219,7 @@ def dropped(runs: list[RunData]) -> Figure | None:
             ax.plot(*_series(run.steps, "reissued"), label="reissued calls", linestyle="--")
         return bool(keys)
 
-    return _per_run(runs, "aborted, dropped and failed (cumulative)", "count", draw)
+    return _per_run(runs, "aborted, dropped and failed (cumulative)", "count", draw, omit_if_empty=False)
 
 
 FIGURES: list[tuple[str, str, Callable]] = [  # (file, heading, figure)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,9 +91,4 @@ def load_runs(paths: list[str | Path]) -> list[RunData]:
 
 def common_folder(dirs: list[Path]) -> Path:
     """The deepest folder that holds every one of ``dirs``."""
-    out = []
-    for column in zip(*(d.resolve().parts for d in dirs)):
-        if len(set(column)) > 1:
-            break
-        out.append(column[0])
-    return Path(*out)
+    return Path(os.path.commonpath([d.resolve() for d in dirs]))
