@@ -1,25 +1,43 @@
 """FrozenLake with random maps, as a text env.
 
-Gymnasium's FrozenLake does the dynamics; this class renders the grid as text and
-parses text actions. Observation: the grid, one row per line, ``P`` marks the agent
-(S start, F frozen, H hole, G goal). Action: one of ``L D R U`` (the words left, down,
-right, up are accepted too). Anything else is malformed: the agent does not move,
+Gymnasium's FrozenLake does the dynamics; this class renders the map as text and
+parses text actions. ``view: grid`` (a small model's): the grid, one row per line, ``P``
+marks the agent (S start, F frozen, H hole, G goal); action: one of ``L D R U`` (the words
+left, down, right, up are accepted too). ``view: words`` (a chat model's): the position,
+the goal and the holes in a sentence; action: free text, whose first move word (left,
+down, right, up) is the move. Anything else is malformed: the agent does not move,
 ``info["malformed"]`` counts it, and the reward function applies a format penalty.
 """
 from __future__ import annotations
+
+import re
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
 
 ACTIONS = {"L": 0, "D": 1, "R": 2, "U": 3}
 WORDS = {"LEFT": "L", "DOWN": "D", "RIGHT": "R", "UP": "U"}
+MOVE_WORD = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
 
 
 def parse_action(text: str) -> str | None:
-    """Return the action letter for free text, or None when it is malformed."""
+    """Return the action letter for a one-word action, or None when it is malformed."""
     word = text.strip().upper()
     if word in ACTIONS:
         return word
     return WORDS.get(word)
+
+
+def parse_free_text(text: str) -> str | None:
+    """The move of a free-text answer: a one-word action, else the first move word in it (None: malformed)."""
+    letter = parse_action(text)
+    if letter is not None:
+        return letter
+    found = MOVE_WORD.search(text)
+    return WORDS[found.group(1).upper()] if found else None
+
+
+def _cell(r: int, c: int) -> str:
+    return f"row {r + 1} column {c + 1}"
 
 
 class FrozenLakeText:
@@ -27,12 +45,16 @@ class FrozenLakeText:
 
     action_choices = tuple(ACTIONS)
 
-    def __init__(self, size: int = 4, p: float = 0.8, slippery: bool = False, max_turns: int | None = None):
+    def __init__(self, size: int = 4, p: float = 0.8, slippery: bool = False, max_turns: int | None = None, view: str = "grid"):
         if size < 2:
             raise ValueError(f"frozenlake size must be >= 2, got {size}")
         if not 0 < p <= 1:
             raise ValueError(f"frozenlake p (frozen-tile probability) must be in (0, 1], got {p}")
-        self.size, self.p, self.slippery, self.max_turns = size, p, slippery, max_turns
+        if view not in ("grid", "words"):
+            raise ValueError(f"frozenlake view must be 'grid' or 'words', got {view!r}")
+        self.size, self.p, self.slippery, self.max_turns, self.view = size, p, slippery, max_turns, view
+        if view == "words":  # free text: the move words, for an engine that constrains decoding to them
+            self.action_choices = tuple(w.lower() for w in WORDS)
         self._env: FrozenLakeEnv | None = None
         self.turns = 0
         self.malformed = 0
@@ -50,6 +72,12 @@ class FrozenLakeText:
     def render(self) -> str:
         desc = self._env.desc  # type: ignore[union-attr]
         row, col = divmod(int(self._state), self.size)
+        if self.view == "words":
+            cells = [(r, c) for r in range(self.size) for c in range(self.size)]
+            goal = next(_cell(r, c) for r, c in cells if desc[r][c] == b"G")
+            holes = [_cell(r, c) for r, c in cells if desc[r][c] == b"H"]
+            return (f"The lake has {self.size} rows and {self.size} columns. You are at {_cell(row, col)}. The goal is at {goal}. "
+                    f"Holes: {', '.join(holes) if holes else 'none'}. Moving down increases the row, right increases the column.")
         lines = []
         for r in range(self.size):
             chars = [c.decode() for c in desc[r]]
@@ -60,7 +88,7 @@ class FrozenLakeText:
 
     def step(self, action: str):
         self.turns += 1
-        letter = parse_action(action)
+        letter = parse_free_text(action) if self.view == "words" else parse_action(action)
         reward, terminated = 0.0, False
         if letter is None:
             self.malformed += 1

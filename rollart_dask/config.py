@@ -117,6 +117,43 @@ class EngineConfig(Strict):
     sleep_level: int = Field(2, ge=0, le=2, description="vllm on a GPU: sleep level around each weight update (KV cache released; 2: old weights dropped, 1: offloaded to host memory; 0: no sleep mode); ignored on CPU, which has none")
 
 
+PROMPT_FIELDS = ("observation", "format_hint", "turn", "max_turns")  # the placeholders a prompt template may use
+
+
+class PromptConfig(Strict):
+    """How a task's observations reach a chat model: the model's own chat template is applied on every turn to these
+    messages (models/prompts.py), and each turn records the messages and token ids the model saw."""
+
+    system_prompt: str | None = Field(None, description="the system message (None: none is sent; a model's template may add its own)")
+    first: str = Field("{observation}", description="the first user message, a template: {observation} (the env's first observation), "
+                                                   "{format_hint}, {turn} (0-based), {max_turns}")
+    next: str = Field("{observation}", description="every later user message, a template with the same placeholders")
+    format_hint: str = Field("", description="the answer-format instruction, put where a template says {format_hint}")
+    stop: list[str] = Field(default_factory=list, description="stop strings: decoding of a turn ends at the first one; the env gets the "
+                                                              "text before it, the trainer every token generated")
+    history: bool = Field(False, description="later turns see the whole conversation (system, user, assistant, …); False: the system "
+                                             "message and the current user message only (an env whose observation holds the whole state)")
+
+    @model_validator(mode="after")
+    def _placeholders(self):
+        import string
+
+        for key in ("first", "next", "system_prompt", "format_hint"):
+            text = getattr(self, key) or ""
+            try:
+                names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+            except ValueError as e:
+                raise ValueError(f"prompt.{key}: not a valid template ({e}); write literal braces as {{{{ and }}}}") from None
+            allowed = PROMPT_FIELDS if key in ("first", "next") else ()
+            bad = [n for n in names if n not in allowed]
+            if bad:
+                raise ValueError(f"prompt.{key}: placeholder {{{bad[0]}}} is not provided by the env; "
+                                 f"allowed: {', '.join('{' + f + '}' for f in allowed) or 'none (write literal braces as {{ and }})'}")
+        if any(not s for s in self.stop):
+            raise ValueError("prompt.stop: an empty stop string would end every turn at once")
+        return self
+
+
 class TaskConfig(Strict):
     name: str
     env: str = Field(description="registered env name or 'module:attr'")
@@ -133,6 +170,7 @@ class TaskConfig(Strict):
     env_concurrency: int | None = Field(None, ge=1, description="most live envs of this task per env worker (None: no limit)")
     eval_seeds: int | None = Field(None, ge=1, description="held-out seeds for this task (default: eval.seeds)")
     inject: dict[str, Any] | None = Field(None, description="EMULATED env latency/failure injection for ablations (see envs/inject.py)")
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="system prompt, templates, answer-format hint and stop strings")
     _affinity_from: str = PrivateAttr("flow")  # where the affinity came from (a decorator's declaration, said at start)
     _placed: str | None = PrivateAttr(None)  # affinity auto: the affinity the run chose (control/placement.py); None until then
 
@@ -172,7 +210,9 @@ class RolloutConfig(Strict):
     batch_groups: int = Field(16, ge=1, description="groups per training batch")
     coalesce: bool = Field(True, description="one future per service per event-loop tick (False: one per call)")
     coalesce_inflight: int = Field(2, ge=1, description="with coalesce: batch futures in flight per service; later calls join the next batch")
-    generate_timeout_s: float = Field(60, gt=0, description="per generate call (a timed-out request is aborted in the engine)")
+    generate_timeout_s: Annotated[float, Field(gt=0)] | Literal["auto"] = Field(
+        "auto", description="per generate call (a timed-out request is aborted in the engine). auto: from the engine's measured "
+                            "tokens/s, the tokens queued on it and the call's max_tokens, never below 60 s (control/timeouts.py)")
     env_timeout_s: float = Field(30, gt=0, description="per env reset/step call")
     worker_wait_s: float = Field(120, gt=0, description="how long work for a pool left without workers (lost; a Nanny restart or a "
                                                        "replacement may come) waits for one before it fails")
@@ -237,6 +277,17 @@ class TrainerConfig(Strict):
     # the names registered in algo/advantages.py ADVANTAGES and algo/losses.py LOSSES (a test keeps them equal)
     advantage: Literal["grpo"] = Field("grpo", description="advantage estimator of each group's rewards (grpo: (r − mean) / std in the group)")
     loss: Literal["ppo_clip"] = Field("ppo_clip", description="policy loss (ppo_clip: token-level PPO-clip with the entropy bonus)")
+    adv_scale: Literal["std", "none"] = Field("std", description="grpo advantages: std: (r − mean) / std of the group; none: r − mean, "
+                                                                "no division (Dr. GRPO); a group whose rewards tie gets zeros either way")
+    loss_agg: Literal["token_mean", "seq_mean", "constant"] = Field(
+        "token_mean", description="how the batch's token losses make the policy loss (one sample = one turn's response): token_mean: "
+                                  "the mean over all response tokens of the batch (verl token-mean, DAPO); seq_mean: the mean over "
+                                  "samples of each sample's token mean (the GRPO paper); constant: their sum / (samples × "
+                                  "loss_norm_tokens) (Dr. GRPO). Exact whatever micro_batch_tokens cuts; the entropy bonus and the "
+                                  "train stats other than pg_loss and loss stay token means, so entropy_coef means the same for all")
+    loss_norm_tokens: int | None = Field(None, ge=1, description="loss_agg=constant: the constant's tokens per sample; None: the largest "
+                                                                 "max_tokens of the flow's tasks, set when the flow loads (a trainer "
+                                                                 "built without a flow: the batch's longest response)")
     steps: int = Field(200, ge=1, description="training steps (published versions)")
     max_minutes: float | None = Field(None, gt=0, description="stop training after this wall time (final eval still runs)")
     lr: float = Field(3e-4, gt=0)
@@ -415,6 +466,8 @@ class EvalConfig(Strict):
     every: int = Field(10, ge=0, description="steps between held-out evaluations (0 = only first and last)")
     seeds: int = Field(200, ge=1, description="held-out seeds per task")
     start_seed: int = Field(1_000_000, description="held-out seeds are start_seed .. start_seed+seeds-1; training seeds lie below")
+    retries: int = Field(2, ge=0, description="rounds in which the held-out seeds whose trajectory failed (an error, not a wrong answer) are "
+                                               "played again; seeds still failing make the evaluation incomplete: reported with why, never as a score")
 
 
 class PlacementConfig(Strict):
@@ -451,6 +504,9 @@ class ObserveConfig(Strict):
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="loggers names wandb: where its run goes")
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="loggers names mlflow: where its run goes")
     checkpoint_artifact: bool = Field(True, description="wandb/mlflow: the final checkpoint as an artefact (MLflow's file store copies it)")
+    samples: int = Field(2, ge=0, description="trajectories of each trained batch written to OUT/samples.jsonl (one per group, the first "
+                                             "groups): every turn's chat messages and token ids exactly as the model saw them, its answer, "
+                                             "the reward; 0 = none")
 
     @model_validator(mode="after")
     def _loggers(self):
@@ -558,6 +614,13 @@ class FlowConfig(Strict):
         if self.rollout.pd_route is not None:
             raise ValueError(f"tasks {auto}: affinity auto with a fixed rollout.pd: every call is prefilled and decoded on the pd pools anyway; "
                              "leave one of them out")
+        return self
+
+    @model_validator(mode="after")
+    def _loss_norm_tokens(self):
+        """Dr. GRPO's constant: a sample (one turn) has at most its task's max_tokens response tokens."""
+        if self.trainer.loss_agg == "constant" and self.trainer.loss_norm_tokens is None:
+            self.trainer.loss_norm_tokens = max(t.max_tokens for t in self.tasks)
         return self
 
     @model_validator(mode="after")

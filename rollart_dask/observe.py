@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart_dask.config import ObserveConfig
+from rollart_dask.models.prompts import as_chat
 from rollart_dask.trackers import TRACKERS
 
 console = Console(stderr=True)
@@ -19,7 +20,7 @@ class MetricsWriter:
 
     def __init__(self, out_dir: Path, observe: ObserveConfig | None = None, flow: dict | None = None):
         observe = observe if observe is not None else ObserveConfig()
-        self.path, self._f = out_dir / "metrics.jsonl", None
+        self.path, self._f, self._samples = out_dir / "metrics.jsonl", None, None
         self.trackers: dict = {}
         try:
             for name in observe.loggers:
@@ -38,8 +39,24 @@ class MetricsWriter:
         for name, tracker in list(self.trackers.items()):
             self._call(name, tracker.log, row)
 
+    def samples(self, version: int, trajectories: list) -> None:
+        """Trained trajectories as the model saw them (OUT/samples.jsonl): each turn's messages, prompt and response ids."""
+        if not trajectories:
+            return
+        if self._samples is None:
+            self._samples = self.path.with_name("samples.jsonl").open("a")
+        for t in trajectories:
+            self._samples.write(json.dumps({"trained_on_version": version, "id": t.id, "task": t.task, "seed": t.seed, "version": t.version,
+                                            "reward": t.reward, "success": t.success,
+                                            "turns": [{"messages": as_chat(u.messages), "prompt_ids": u.prompt_ids, "response_ids": u.response_ids,
+                                                       "action": u.action, "env_reward": u.env_reward, "version": u.version} for u in t.turns]},
+                                           default=str) + "\n")
+        self._samples.flush()
+
     def close(self, final_checkpoint: str | Path | None = None) -> None:
         """``final_checkpoint``: the run's last checkpoint directory, an artefact of the trackers that keep files."""
+        if self._samples is not None:
+            self._samples.close()
         if self._f is not None:
             self._f.close()
         ckpt = Path(final_checkpoint) if final_checkpoint is not None and Path(final_checkpoint).is_dir() else None

@@ -32,7 +32,12 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def scalars(row: dict) -> dict[str, float]:
-    """A row's numeric leaves (bools as 0/1), keys joined with "/": what every tracker plots, at ``row["step"]``."""
+    """A row's numeric leaves (bools as 0/1), keys joined with "/": what every tracker plots, at ``row["step"]``.
+    An eval row's incomplete evaluation gives no success or reward (its failed_calls and completed instead)."""
+    if row.get("kind") == "eval" and isinstance(row.get("eval"), dict):
+        from rollart_dask.algo.heldout import loggable
+
+        row = {**row, "eval": {t: loggable(f) if isinstance(f, dict) else f for t, f in row["eval"].items()}}
     return {k: float(v) for k, v in _flatten(row).items() if isinstance(v, (int, float)) and k not in SKIPPED}
 
 

@@ -18,6 +18,7 @@ class Turn:
     action: str = ""
     env_reward: float = 0.0
     token_versions: list[int] | None = None  # per response token, when the turn was continued across versions (else all `version`)
+    messages: Any = None  # the chat messages the model saw ((role, content) pairs, or one user message's text): prompt_ids templated
 
 
 @dataclass

@@ -211,7 +211,7 @@ def test_configured_loss_reaches_the_trainer(model_dir, monkeypatch):
         return ppo_clip_loss(**kw)
 
     assert list(inspect.signature(ppo_clip_loss).parameters) == ["logp", "old_logp", "advantages", "mask", "clip", "entropy", "entropy_coef",
-                                                                  "is_weights"]
+                                                                  "is_weights", "token_weights"]
     monkeypatch.setitem(LOSSES._entries, "ppo_clip", spy)
     cfg = load_flow(data=flow_dict(**{"trainer.clip": 0.15, "trainer.entropy_coef": 0.01, "trainer.correction": "tis"}))
     threads = torch.get_num_threads()

@@ -149,3 +149,20 @@ def test_micro_batches_give_the_same_update_as_one_batch(model_dir, engine):
     assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
     for (k, p), q in zip(one.model.named_parameters(), many.model.parameters()):  # gradients (Adam's first step is ~sign(g))
         assert torch.allclose(p.grad, q.grad, atol=1e-6), k
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_lm_head_on_response_positions_alone_gives_the_whole_forwards_logits(model_dir, engine, lora):
+    """The trainer projects only the positions that predict response tokens onto the vocabulary; the logits (and so the
+    loss and its gradient) are the whole forward's at those positions, with a LoRA adapter too."""
+    from rollart_dask.config import LoraConfig
+
+    trainer = TorchTrainer(str(model_dir), lr=1e-3, lora=LoraConfig(r=4, alpha=8) if lora else None)
+    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": None, "advantage": 1.0}
+               for c in engine.generate([req(i, choices=None, max_tokens=5, prompt=PROMPT[: 8 + 3 * i]) for i in range(4)])]
+    ids, attn, row, *_, pos_index, _ = trainer._tensors(samples)
+    assert trainer._decoder_and_head()[0] is not None
+    fast = trainer._response_logits(ids, attn, row, pos_index)
+    whole = trainer._logits(ids, attn)[row]
+    whole = whole.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, whole.size(-1)))
+    assert fast.shape == whole.shape and torch.allclose(fast, whole, atol=1e-5)

@@ -1,7 +1,8 @@
 """Policy losses on padded token tensors (pure torch), chosen by ``trainer.loss``.
 
-A loss is ``fn(logp, old_logp, advantages, mask, clip, entropy, entropy_coef, is_weights) -> (loss, stats)``
-(``is_weights``: the off-policy correction's per-token behaviour weights, or None; ``off_policy`` below):
+A loss is ``fn(logp, old_logp, advantages, mask, clip, entropy, entropy_coef, is_weights, token_weights) -> (loss, stats)``
+(``is_weights``: the off-policy correction's per-token behaviour weights, or None; ``off_policy`` below;
+``token_weights``: each token's weight in the policy term, ``aggregation_weights`` below, or None: the token mean):
 the trainer calls the configured one with those keywords on every micro-batch.
 """
 from __future__ import annotations
@@ -31,13 +32,36 @@ def masked_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, all
     return logp, entropy
 
 
+def aggregation_weights(mask: torch.Tensor, agg: str, n_samples: int, total_tokens: int, norm_tokens: int) -> torch.Tensor:
+    """Per-token weights [N, T] of one micro-batch's policy term for ``trainer.loss_agg``.
+
+    The trainer scales each micro-batch's loss by its share of the batch's response tokens (n_c / total_tokens), so
+    these are the batch weights divided by that share: the sum over micro-batches is then the batch's aggregate
+    whatever the cut. Batch weights: token_mean 1 / total_tokens; seq_mean 1 / (n_samples × the sample's length);
+    constant 1 / (n_samples × norm_tokens)."""
+    m = mask.float()
+    ntok = m.sum().clamp(min=1.0)
+    if agg == "token_mean":
+        return m / ntok
+    share = ntok / max(total_tokens, 1)
+    if agg == "seq_mean":
+        per = 1.0 / (n_samples * m.sum(-1, keepdim=True).clamp(min=1.0))
+    elif agg == "constant":
+        per = torch.full_like(m[:, :1], 1.0 / (n_samples * norm_tokens))
+    else:
+        raise ValueError(f"trainer.loss_agg: {agg!r} is not one of token_mean, seq_mean, constant")
+    return m * per / share
+
+
 @register_loss("ppo_clip")
-def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0, is_weights=None):
-    """Token-level PPO-clip loss (GRPO): every response token of the batch weighs the same.
+def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0, is_weights=None,
+                  token_weights=None):
+    """PPO-clip loss (GRPO) whose token losses are aggregated by ``token_weights`` (None: every token of ``mask`` weighs the same).
 
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample, broadcast over its tokens); is_weights [N, T]
-    (an off-policy correction's behaviour weights, ``off_policy``) multiply each token's clipped surrogate.
-    Returns (loss, stats).
+    (an off-policy correction's behaviour weights, ``off_policy``) multiply each token's clipped surrogate;
+    token_weights [N, T] (``aggregation_weights``, from the mask before any token was dropped, so that dropping keeps
+    the denominators). The entropy bonus and the stats are token means over ``mask``. Returns (loss, stats).
     """
     mask = mask.float()
     ntok = mask.sum().clamp(min=1.0)
@@ -46,7 +70,10 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, e
     surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
     if is_weights is not None:
         surr = surr * is_weights
-    pg_loss = -(surr * mask).sum() / ntok
+    if token_weights is None:
+        pg_loss = -(surr * mask).sum() / ntok
+    else:
+        pg_loss = -(surr * mask * token_weights).sum()
     loss = pg_loss
     stats = {"pg_loss": pg_loss.item()}
     if entropy is not None:

@@ -12,6 +12,7 @@ from collections import Counter
 from rollart_dask.config import EngineConfig, RolloutConfig, TaskConfig, task_pool
 from rollart_dask.control.dispatch import CallFailed, Dispatcher, WorkerLost
 from rollart_dask.control.proxy import LLMProxy
+from rollart_dask.models.prompts import Conversation
 from rollart_dask.data import tasks
 from rollart_dask.types import Trajectory, Turn
 
@@ -151,6 +152,7 @@ class EnvManager:
             emulate = info.get("emulate")  # an EMULATED workload env's lengths for the next turn
             budget = task.token_budget
             term = False
+            chat = Conversation(task.prompt, task.max_turns)
             for turn in range(task.max_turns):
                 if budget is not None and budget <= 0:
                     break  # token budget spent: truncated
@@ -161,8 +163,11 @@ class EnvManager:
                 max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
                 if self.profiler is not None and not greedy:
                     self.profiler.asked(task.name, len(traj.turns), emulate, max_tokens)
-                c = await self.proxy.generate(tid, lambda: task_pool(task), obs, choices or None, max_tokens, 0.0 if greedy else self.engine.temperature, emulate,
-                                              counted=not greedy, task=task.name)
+                messages = chat.ask(obs)
+                c = await self.proxy.generate(tid, lambda: task_pool(task), messages, choices or None, max_tokens,
+                                              0.0 if greedy else self.engine.temperature, emulate, counted=not greedy, task=task.name,
+                                              stop=task.prompt.stop)
+                chat.answered(c.text)
                 if self.profiler is not None and not greedy:
                     self.profiler.observe(task.name, traj.turns, c)
                 if budget is not None:
@@ -177,7 +182,7 @@ class EnvManager:
                 nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
                 traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
                                        allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r,
-                                       token_versions=c.token_versions))
+                                       token_versions=c.token_versions, messages=messages))
                 obs, emulate = nobs, final_info.get("emulate")
                 if term or trunc:
                     break

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from rollart_dask.control.dispatch import Dispatcher, task_key
+from rollart_dask.control.timeouts import FLOOR_S, GenerateTimeouts
 from rollart_dask.data import tasks
 from rollart_dask.resource.pools import ENGINE_POOLS, submit_kwargs
 from rollart_dask.types import Completion
@@ -20,7 +21,7 @@ class TrajectoryCancelled(Exception):
 
 
 class LLMProxy:
-    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float = 120, streamed: bool = False, pd=None,
+    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float | str = 120, streamed: bool = False, pd=None,
                  partial: str = "restart", wait_s: float = 120):
         self.d = dispatcher
         self.wait_s = wait_s  # how long a call waits for an engine of its pool when there is none (lost, a replacement coming)
@@ -32,7 +33,9 @@ class LLMProxy:
         self.streamed = streamed  # engines that batch continuously across calls answer each request on its own
         self.engines = {p: list(a) for p, a in engines.items() if a}  # pool → the engines serving it (routing)
         self.pool_of = {a: p for p, addrs in self.engines.items() for a in addrs}  # every engine weight updates go to
-        self.timeout_s = timeout_s
+        self.generate_timeouts = GenerateTimeouts(timeout_s)  # per generate call: fixed, or from the engine's measured speed (auto)
+        self.timeout_s = FLOOR_S if timeout_s == "auto" else float(timeout_s)  # control calls (weights, aborts, Suspend's wait)
+        self.timed_out = 0  # generate calls that ran past their timeout
         self.load: Counter = Counter()
         self.sticky: dict[str, str] = {}
         self.version = 0  # the engines' policy version
@@ -72,11 +75,11 @@ class LLMProxy:
         return addr
 
     async def generate(self, traj_id: str, pool: str | None | Callable[[], str | None], prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
-                       emulate: dict | None = None, counted: bool = True, task: str = "") -> Completion:
+                       emulate: dict | None = None, counted: bool = True, task: str = "", stop: list[str] | None = None) -> Completion:
         """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it). ``counted``: its
         tokens go into ``tokens`` (False for evaluation, which is never trained). ``task``: whose call (``landed``). ``pool``
         may be a callable, asked each time the call is (re-)issued: a turn aborted by Suspend goes where its task is placed
-        by then (affinity auto)."""
+        by then (affinity auto). ``prompt``: an observation (one user message) or the chat messages; ``stop``: stop strings."""
         tokens = self.tokens if counted else Counter()
         prefix = Prefix()  # rollout.partial=continue: the response so far, across the versions that made it
         placed = pool if callable(pool) else (lambda fixed=pool: fixed)
@@ -95,6 +98,8 @@ class LLMProxy:
                 item["prefix_ids"] = prefix.ids
             if emulate:
                 item["emulate"] = emulate
+            if stop:
+                item["stop"] = list(stop)
             self._inflight[rid] = (addr, traj_id)
             self._idle.clear()
             self.load[addr] += 1
@@ -103,14 +108,20 @@ class LLMProxy:
                 self.load[route.prefill_worker] += 1
             self.requests += 1
             self.landed[task, self.pool_of[addr]] += 1
+            timeout = self.generate_timeouts.start(addr, item["max_tokens"])
+            answered = 0
             try:
                 fn = route or (tasks.generate_stream if self.streamed else tasks.generate_batch)
-                c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=self.timeout_s,
+                c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=timeout,
                                                   streamed=self.streamed)
+                answered = len(c.token_ids)
             except TimeoutError:
+                self.timed_out += 1
                 await self._abort({rid: addr})
-                raise
+                raise TimeoutError(f"generate ran past its timeout of {timeout:.0f} s (rollout.generate_timeout_s="
+                                   f"{self.generate_timeouts.fixed or 'auto'}) on {addr}") from None
             finally:
+                self.generate_timeouts.done(addr, item["max_tokens"], answered)
                 self._inflight.pop(rid, None)
                 self.load[addr] -= 1
                 if route:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rollart_dask.algo.advantages import ADVANTAGES
+from rollart_dask.algo.advantages import advantage_fn
+from rollart_dask.algo.heldout import incomplete_note, is_complete
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
 from rollart_dask.control import elastic, evaluation, phases, placement, wiring
@@ -244,16 +245,15 @@ class Run:
     async def train(self, groups: list[Group], rec: StepRecord) -> None:
         """6. Submit the batch to the trainer, ordered after the publish of the version it starts from
         (the publish reads the weights this step changes). α = 0 waits for it and installs it."""
-        s = self.services
         with phases.phase(self._step_span, "train"):
             self.trained_ids += [t.id for g in groups for t in g.kept]
             self.counts["trained_without_reward"] += sum("reward" not in t.info for g in groups for t in g.kept)  # (never: scored only)
-            samples, rec.batch = build_samples(groups, ADVANTAGES.get(self.cfg.trainer.advantage))
+            samples, rec.batch = build_samples(groups, advantage_fn(self.cfg.trainer.advantage, self.cfg.trainer.adv_scale))
+            self.metrics.samples(self.published, [g.kept[0] for g in groups[: self.cfg.observe.samples] if g.kept])
             stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
-            # (submitted again on a re-created trainer, should its worker be lost: control/recovery.py)
-            batch_id = uuid.uuid4().hex  # (a Train submitted again after the first's future was lost is answered, not trained twice)
-            submit = lambda: self.recovery.submit_train(samples, after=s.weights.publishing, batch_id=batch_id)  # noqa: E731
+            batch_id = uuid.uuid4().hex  # resubmitted to a re-created trainer (recovery.py), it is answered by its id, not trained twice
+            submit = lambda: self.recovery.submit_train(samples, after=self.services.weights.publishing, batch_id=batch_id)  # noqa: E731
             fut = await self.recovery.submit(submit)
         self._training = (fut, rec, submit, samples)
         if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
@@ -297,8 +297,7 @@ class Run:
         version = self.engine_version
         t0 = time.monotonic()
 
-        def seeds_of(task: TaskConfig) -> range:
-            start = self.cfg.eval.start_seed
+        def seeds_of(task: TaskConfig, start=self.cfg.eval.start_seed) -> range:
             return seeds if seeds is not None else range(start, start + (task.eval_seeds or self.cfg.eval.seeds))
 
         with phases.phase(self._step_span, "eval"):
@@ -306,10 +305,13 @@ class Run:
                 out = {}
             else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
                 chosen = tasks or self.cfg.tasks
-                played = await asyncio.gather(*(evaluation.play(self.services.em, t, seeds_of(t), f"{self.run_id}-v{version}", greedy)
-                                                for t in chosen))
+                tag, retries = f"{self.run_id}-v{version}", self.cfg.eval.retries
+                played = await asyncio.gather(*(evaluation.play(self.services.em, t, seeds_of(t), tag, greedy, retries) for t in chosen))
                 out = {t.name: figures for t, (figures, _) in zip(chosen, played)}
                 self.outcomes = {t.name: outcomes for t, (_, outcomes) in zip(chosen, played)}
+                for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
+                    if not is_complete(fig):
+                        console.print(f"held-out {name} at v{version}: {incomplete_note(fig)}", markup=False, style="yellow")
         row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start,
                "eval_s": time.monotonic() - t0}
         self.history.append(row)

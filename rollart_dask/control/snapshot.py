@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from rollart_dask.algo.heldout import is_complete
+
 TOPIC = "rollart"  # the scheduler event topic the dashboard page and notebooks read
 TAIL = 32
 COUNTS = ("aborted_stale", "evicted_stale", "redundant_dropped", "failed", "relaunched", "groups_dropped", "finished")
@@ -57,5 +59,8 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         "syncs": [{"t": _r(s["at"] - run.t_start, 2), "from": s["from"], "version": s["version"],
                    **{k: _r(s.get(k, 0.0)) for k in ("suspend_s", "update_s", "recompute_kv_s")}} for s in run.syncs[-TAIL:]],
         "evals": [{"version": int(e["version"]), "t": _r(e.get("elapsed_s", 0.0), 2),
-                   "success": {task: _r(r["success"]) for task, r in (e.get("eval") or {}).items()}} for e in run.history[-TAIL:]],
+                   # an incomplete evaluation is no score: its failed calls instead (control/evaluation.py)
+                   "success": {task: _r(r["success"]) for task, r in (e.get("eval") or {}).items() if is_complete(r)},
+                   "failed": {task: int(r["failed_calls"]) for task, r in (e.get("eval") or {}).items() if not is_complete(r)}}
+                  for e in run.history[-TAIL:]],
     }

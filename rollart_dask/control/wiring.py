@@ -108,7 +108,7 @@ async def warm_start(s: Services, cfg: FlowConfig, metrics: MetricsWriter, recor
     for i, name in enumerate(names):
         t = tasks_by_name[name]
         item = {"task": name, "env": t.env, "env_args": t.env_args, "max_turns": t.max_turns, "max_tokens": t.max_tokens,
-                "seeds": [rng.randrange(0, cfg.eval.start_seed) for _ in range(ws.episodes)]}
+                "prompt": t.prompt.model_dump(), "seeds": [rng.randrange(0, cfg.eval.start_seed) for _ in range(ws.episodes)]}
         futs.append(s.d.submit_one("warmstart-demos", tasks.env_expert_demos, item, pool="CPU", worker=cpu[i % len(cpu)]))
     demos = [d for batch in await asyncio.gather(*futs) for d in batch]
     args = (demos, ws.steps, ws.batch, ws.lr, cfg.seed, ws.tasks)

@@ -4,6 +4,8 @@ the engine would have produced them (same prompt ids, same response ids, same al
 so imitation and RL train one and the same policy distribution."""
 from __future__ import annotations
 
+from rollart_dask.models.prompts import as_chat
+
 
 class ChoiceTrie:
     """Token-id prefix trie over a request's allowed completions."""
@@ -53,11 +55,11 @@ class ChoiceTrie:
         return out, allowed
 
 
-def chat_prompt_ids(tokenizer, prompt: str | list[dict], add_generation_prompt: bool = False) -> list[int]:
-    """A prompt as the model sees it through the chat template: an observation (one user
-    message) or a list of chat messages."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False))
+def chat_prompt_ids(tokenizer, prompt, add_generation_prompt: bool = True) -> list[int]:
+    """A prompt as the model sees it through its own chat template, ending with the assistant's generation prompt
+    (an instruct model answers after it; without it, it may write the assistant header itself): an observation (one
+    user message), chat messages as dicts, or (role, content) pairs (models/prompts.py)."""
+    return list(tokenizer.apply_chat_template(as_chat(prompt), tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False))
 
 
 def choice_trie(tokenizer, choices) -> ChoiceTrie:

@@ -7,6 +7,7 @@ import threading
 import time
 
 from rollart_dask.data.encoding import chat_prompt_ids
+from rollart_dask.models.prompts import cut_at_stop
 
 
 class RecentAborts:
@@ -65,9 +66,16 @@ class EngineBase:
         return ids + list(req.get("prefix_ids") or [])
 
     def response_text(self, req: dict, token_ids: list[int]) -> str:
-        """The whole response's text: a continued request's prefix and its new tokens, decoded together."""
-        return self.tokenizer.decode(list(req.get("prefix_ids") or []) + list(token_ids), skip_special_tokens=True)
+        """The whole response's text: a continued request's prefix and its new tokens, decoded together; with stop strings,
+        the text before the first (the env acts on that; the trainer trains every token generated)."""
+        text = self.tokenizer.decode(list(req.get("prefix_ids") or []) + list(token_ids), skip_special_tokens=True)
+        return cut_at_stop(text, req.get("stop"))[0]
+
+    def stopped(self, req: dict, token_ids: list[int]) -> bool:
+        """Whether the response so far holds one of the request's stop strings."""
+        return bool(req.get("stop")) and cut_at_stop(self.tokenizer.decode(list(req.get("prefix_ids") or []) + list(token_ids),
+                                                                         skip_special_tokens=True), req["stop"])[1]
 
     @functools.lru_cache(maxsize=65536)
-    def _template(self, prompt: str) -> tuple[int, ...]:
+    def _template(self, prompt) -> tuple[int, ...]:
         return tuple(chat_prompt_ids(self.tokenizer, prompt))

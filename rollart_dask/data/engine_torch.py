@@ -302,7 +302,7 @@ class TorchEngine(EngineBase):
                 b.nodes[i] = b.nodes[i][tok]
                 if ChoiceTrie.finished(b.nodes[i]):
                     b.finish[i] = "stop"
-            elif tok == eos:
+            elif tok == eos or self.stopped(b.reqs[i], b.tokens[i]):
                 b.finish[i] = "stop"
             if b.finish[i] is None and len(b.tokens[i]) >= b.limits[i]:
                 b.finish[i] = "length"

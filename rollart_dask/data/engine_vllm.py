@@ -202,8 +202,9 @@ class VLLMEngine(EngineBase):
             for r in live:
                 allowed = self._choice_ids(tuple(r["choices"])) if r.get("choices") else None
                 max_tokens = 1 if allowed else int(r.get("max_tokens", 16))  # a choice is one token here
+                stop = None if allowed else (r.get("stop") or None)  # (stop strings need detokenizing: only when given)
                 params.append(SamplingParams(n=1, temperature=max(float(r.get("temperature", 1.0)), 0.0), max_tokens=max_tokens,
-                                             logprobs=0, allowed_token_ids=allowed, detokenize=False,
+                                             logprobs=0, allowed_token_ids=allowed, detokenize=stop is not None, stop=stop,
                                              stop_token_ids=[self.tokenizer.eos_token_id]))
             outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request) if live else []
             by_id = {r["id"]: (p, o) for r, p, o in zip(live, prompts, outs)}

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 from envs.inject import Injected, parse_spec
 
+from rollart_dask.config import PromptConfig
+from rollart_dask.models.prompts import Conversation
 from rollart_dask.registry import make_env
 
 
@@ -204,12 +206,15 @@ def expert_demos(item: dict) -> list[dict]:
     try:
         for seed in item["seeds"]:
             obs, _ = env.reset(seed=seed)
+            chat = Conversation(PromptConfig(**item.get("prompt", {})), item["max_turns"])  # the messages RL's turns will see
             choices = list(getattr(env, "action_choices", None) or [])
             for _ in range(item["max_turns"]):
                 action = env.expert_action()
                 if action is None:
                     break
-                demos.append({"task": item["task"], "prompt": obs, "action": action, "choices": choices, "max_tokens": item["max_tokens"]})
+                demos.append({"task": item["task"], "prompt": chat.ask(obs), "action": action, "choices": choices,
+                              "max_tokens": item["max_tokens"]})
+                chat.answered(action)
                 obs, _, terminated, truncated, _ = env.step(action)
                 if terminated or truncated:
                     break

@@ -263,6 +263,9 @@ class MegatronTrainer(TorchTrainer):
     def _vocab_size(self) -> int:
         return self.hf_config.vocab_size
 
+    def _decoder_and_head(self):
+        return None, None  # (a GPTModel's forward: _logits below)
+
     def _logits(self, ids, attn):
         # Back on the CPU because TorchTrainer builds targets/masks there (fine for the small models we run;
         # a large-model GPU run would move the batch tensors to the device instead).

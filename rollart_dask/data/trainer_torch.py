@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rollart_dask.algo.losses import LOSSES, masked_logprobs_and_entropy, off_policy
+from rollart_dask.algo.losses import LOSSES, aggregation_weights, masked_logprobs_and_entropy, off_policy
 from rollart_dask.data.backends import set_torch_threads
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ class TorchTrainer:
     version: int  # the Trainer contract's attribute (data/contracts.py)
     correction, is_cap, is_level = "none", 2.0, "token"  # trainer.correction (from_config sets them; algo/losses.off_policy)
     lora: LoraConfig | None = None  # trainer.lora: the adapter alone trains and is published
+    loss_agg, loss_norm_tokens = "token_mean", None  # trainer.loss_agg (from_config sets them; algo/losses.aggregation_weights)
 
     def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
@@ -60,6 +61,7 @@ class TorchTrainer:
                       max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
                       temperature=temperature, seed=seed, **cls._backend_options(cfg))
         trainer.correction, trainer.is_cap, trainer.is_level = cfg.correction, cfg.is_cap, cfg.is_level
+        trainer.loss_agg, trainer.loss_norm_tokens = cfg.loss_agg, cfg.loss_norm_tokens
         return trainer
 
     @staticmethod
@@ -113,21 +115,22 @@ class TorchTrainer:
         return chunks
 
     def train_step(self, samples: list[dict]) -> dict:
-        """One optimizer update with the configured loss (trainer.loss); the policy version goes up by one."""
-        def loss_fn(logp, entropy, old, mask, adv):
+        """One optimizer update with the configured loss (trainer.loss) aggregated by trainer.loss_agg; the policy
+        version goes up by one."""
+        def loss_fn(logp, entropy, old, mask, adv, token_weights):
             old, weights, mask, is_stats = off_policy(self.correction, logp, old, mask, self.is_cap, self.is_level)
             loss, stats = self.policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, clip=self.clip, entropy=entropy,
-                                           entropy_coef=self.entropy_coef, is_weights=weights)
+                                           entropy_coef=self.entropy_coef, is_weights=weights, token_weights=token_weights)
             return loss, {**stats, **is_stats}
 
-        stats = self._update(samples, loss_fn)
+        stats = self._update(samples, loss_fn, agg=self.loss_agg)
         self.version += 1
         return {**stats, "version": self.version}
 
     def sft_step(self, samples: list[dict]) -> dict:
         """One imitation update: token-level NLL of the demonstrated responses, under the same
         allowed-id restriction the engine decodes with (the policy distribution RL trains)."""
-        def loss_fn(logp, entropy, old, mask, adv):
+        def loss_fn(logp, entropy, old, mask, adv, token_weights):  # imitation stays a token mean
             m = mask.float()
             nll = -(logp * m).sum() / m.sum().clamp(min=1.0)
             return nll, {"nll": nll.item(), "entropy": ((entropy * m).sum() / m.sum().clamp(min=1.0)).item()}
@@ -177,20 +180,22 @@ class TorchTrainer:
         return {"demos": len(demos), "samples": len(samples), "skipped": skipped, "steps": steps, "lr": lr, "batch_per_task": quota,
                 "nll_first": first.get("nll"), "nll_last": last.get("nll"), "seconds": time.perf_counter() - t0, "version": self.version}
 
-    def _update(self, samples: list[dict], loss_fn) -> dict:
+    def _update(self, samples: list[dict], loss_fn, agg: str = "token_mean") -> dict:
         """One optimizer update; gradients accumulate over micro-batches, each weighted by its
-        share of response tokens, so the loss is the token-level mean over the whole batch."""
+        share of response tokens: the loss is the token-level mean over the whole batch, or with
+        ``agg`` (trainer.loss_agg) the token weights make it that aggregate (algo/losses.aggregation_weights)."""
         t0 = time.perf_counter()
         total_tokens = sum(len(s["response_ids"]) for s in samples)
+        norm_tokens = self.loss_norm_tokens or max(len(s["response_ids"]) for s in samples)
         self._zero_grad()
         stats: dict[str, float] = {}
         loss_sum, rows = 0.0, 0
         for chunk in self.micro_batches(samples):
             ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(chunk)
-            logits = self._logits(ids, attn)[row]
-            logits = logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
+            logits = self._response_logits(ids, attn, row, pos_index)
             logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
-            loss, chunk_stats = loss_fn(logp, entropy, old, mask, adv)
+            token_weights = aggregation_weights(mask, agg, len(samples), total_tokens, norm_tokens)
+            loss, chunk_stats = loss_fn(logp, entropy, old, mask, adv, token_weights)
             w = float(mask.sum()) / max(total_tokens, 1)
             (loss * w).backward()
             loss_sum += loss.item() * w
@@ -205,6 +210,27 @@ class TorchTrainer:
     # -- the model-specific steps of the update (MegatronTrainer overrides them; the loss stays here)
     def _vocab_size(self) -> int:
         return self.model.config.vocab_size
+
+    def _response_logits(self, ids: torch.Tensor, attn: torch.Tensor, row: torch.Tensor, pos_index: torch.Tensor) -> torch.Tensor:
+        """The logits [N, T, V] that predict each sample's response tokens. The LM head runs on those positions alone: on a
+        prompt longer than its answer, projecting every position onto the vocabulary was most of the head's work."""
+        decoder, head = self._decoder_and_head()
+        if decoder is None:
+            logits = self._logits(ids, attn)[row]
+            return logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
+        hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state[row]
+        return head(hidden.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, hidden.size(-1))))
+
+    def _decoder_and_head(self):
+        """The decoder stack and the LM head of a plain causal LM (None when the head does more than project, as with a
+        logit soft-cap, or the model is not built that way: then the whole forward runs)."""
+        try:
+            config = self.model.config
+            if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+                return None, None
+            return self.model.get_decoder(), self.model.get_output_embeddings()
+        except (AttributeError, NotImplementedError):
+            return None, None
 
     def _logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=ids, attention_mask=attn).logits

@@ -10,6 +10,7 @@ import yaml
 
 from rollart_dask.config import FlowConfig, task_pools
 from rollart_dask.models.prepare import prepare_model
+from rollart_dask.models.prompts import check_prompts
 from rollart_dask.observe import console
 from rollart_dask.tools import dashboard
 from rollart_dask.tools.lambda_local import start_local_endpoint
@@ -46,6 +47,8 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
 
     out.mkdir(parents=True, exist_ok=True)
     model_dir = prepare_model(cfg)
+    if not cfg.emulated and cfg.engine.backend != "null":  # (no model runs there)
+        check_prompts(cfg, model_dir)
     client, cluster = await connect(cfg.cluster, security)
     run = None
     try:

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from rollart_dask.config import FlowError, load_flow
+from rollart_dask.entry.cli_envs import envs
 from rollart_dask.entry.cli_runs import eval_command, merge, report_command, runs_command
 
 
@@ -30,9 +31,11 @@ def main():
 @click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --out")
 def run(flow, overrides, scheduler, out, resume):
     """Run FLOW (a YAML flow file, or a Python flow file that builds one: flows/declared/corridor_flow.py) and train."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollart_dask.control.buffer import OUTCOMES
+    from rollart_dask.algo.heldout import is_complete, shown
     from rollart_dask.entry.api import run_sync
     from rollart_dask.observe import console, summary_table
 
@@ -56,7 +59,7 @@ def run(flow, overrides, scheduler, out, resume):
 
     def on_step(run_):
         ev = run_.history[-1]
-        desc = " ".join(f"{k}={v['success']:.2f}" for k, v in ev["eval"].items())
+        desc = escape(" ".join(f"{k}={shown(v, 2)}" for k, v in ev["eval"].items()))  # an incomplete one: its note, no score
         progress.update(bar, completed=run_.published, description=f"held-out@v{ev['version']}: {desc}")
         if not console.is_terminal and ev["version"] not in printed:  # a log file gets one line per evaluation
             printed.add(ev["version"])
@@ -70,8 +73,10 @@ def run(flow, overrides, scheduler, out, resume):
     first, last = result["first"], result["last"]
     rows = []
     for task in first["eval"]:
-        a, b = first["eval"][task]["success"], last["eval"][task]["success"]
-        rows.append((f"held-out {task} success", f"{a:.3f} (v{first['version']}) → {b:.3f} (v{last['version']})  Δ {b - a:+.3f}"))
+        fa, fb = first["eval"][task], last["eval"][task]
+        both = f"{shown(fa)} (v{first['version']}) → {shown(fb)} (v{last['version']})"
+        delta = f"  Δ {fb['success'] - fa['success']:+.3f}" if is_complete(fa) and is_complete(fb) else ""  # never built on an incomplete one
+        rows.append((f"held-out {task} success", escape(both) + delta))
     if cfg.warmstart.steps and not resume:
         rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
     rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", Path(result["checkpoint"]).name + " (its full path below)")]
@@ -192,61 +197,7 @@ main.add_command(eval_command)
 main.add_command(merge)
 main.add_command(runs_command)
 main.add_command(report_command)
-
-
-@main.group()
-def envs():
-    """Environments: list them, play one by hand."""
-
-
-@envs.command("list")
-def envs_list():
-    """Registered environments and rewards (built-in, registered, and entry points)."""
-    from rollart_dask.registry import env_names, reward_names
-
-    for kind, table in (("env", env_names()), ("reward", reward_names())):
-        for name, target in sorted(table.items()):
-            click.echo(f"{kind:7s} {name:20s} {target if isinstance(target, str) else repr(target)}")
-
-
-@envs.command("try")
-@click.argument("name")
-@click.option("--seed", default=0, show_default=True, help="episode seed (held-out seeds start at 1000000)")
-@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE", help="env argument, e.g. --arg size=6")
-@click.option("--max-turns", default=20, show_default=True)
-def envs_try(name, seed, args, max_turns):
-    """Play env NAME by hand: type actions, see observations, rewards and info. 'q' quits."""
-    import yaml
-
-    from rollart_dask.registry import make_env
-
-    kwargs = {}
-    for a in args:
-        if "=" not in a:
-            raise click.BadParameter(f"{a!r}: expected KEY=VALUE", param_hint="--arg")
-        k, v = a.split("=", 1)
-        kwargs[k] = yaml.safe_load(v)
-    try:
-        env = make_env(name, **kwargs)
-    except (KeyError, TypeError, ValueError) as e:
-        raise click.ClickException(str(e))
-    obs, info = env.reset(seed=seed)
-    choices = getattr(env, "action_choices", None)
-    click.echo(f"{name} seed={seed}" + (f"  actions: {' '.join(choices)}" if choices else ""))
-    click.echo(obs)
-    total = 0.0
-    for turn in range(1, max_turns + 1):
-        action = click.prompt(f"turn {turn} action", default="q", show_default=False)
-        if action.strip().lower() == "q":
-            break
-        obs, reward, terminated, truncated, info = env.step(action)
-        total += reward
-        click.echo(obs)
-        click.echo(f"reward {reward}  total {total}  info {info}")
-        if terminated or truncated:
-            click.echo("terminated" if terminated else "truncated")
-            break
-    env.close()
+main.add_command(envs)
 
 
 @main.group()

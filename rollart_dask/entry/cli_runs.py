@@ -27,8 +27,10 @@ def _interval(value: float, ci: list[float], digits: int = 2) -> str:
 def eval_command(target, tasks, seeds, start, temperature, other, overrides, out):
     """Evaluate CHECKPOINT (RUN/checkpoints/step-N) or RUN_DIR's latest checkpoint on held-out seeds, through the run's own
     engine, env and reward path: success and reward per task with their 95% confidence intervals."""
+    from rich.markup import escape
     from rich.table import Table
 
+    from rollart_dask.algo.heldout import incomplete_note, is_complete
     from rollart_dask.entry.evaluate import compare, evaluate_sync
     from rollart_dask.observe import console
 
@@ -55,15 +57,20 @@ def eval_command(target, tasks, seeds, start, temperature, other, overrides, out
         row = [task, str(fig["seeds"])]
         for r in results:
             f = r["eval"].get(task)
-            row += [_interval(f["success"], f["success_ci"]), _interval(f["reward_mean"], f["reward_ci"], 3)] if f else ["—", "—"]
+            if f and not is_complete(f):  # its figures are not a score: why instead
+                row += [f"[yellow]{escape(incomplete_note(f))}[/yellow]", "—"]
+            else:
+                row += [_interval(f["success"], f["success_ci"]), _interval(f["reward_mean"], f["reward_ci"], 3)] if f else ["—", "—"]
         if other:
             d = diffs[task]["success"]
-            row.append(_interval(d["diff"], d["ci"]) + f" ({d['seeds']} seeds)")
+            row.append(_interval(d["diff"], d["ci"]) + f" ({d['seeds']} seeds)" if diffs[task]["complete"] else "— (an evaluation is incomplete)")
         table.add_row(*row)
     console.print(table)
     for r, name in zip(results, names):
-        failed = {t: f["failed_calls"] for t, f in r["eval"].items() if f["failed_calls"]}
-        console.print(f"{name}: {r['checkpoint']}" + (f"; failed trajectories (counted as no success): {failed}" if failed else ""))
+        console.print(f"{name}: {r['checkpoint']}", markup=False)
+        for t, f in r["eval"].items():
+            if not is_complete(f):
+                console.print(f"  {t}: {incomplete_note(f)}", markup=False, style="yellow")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval.json").write_text(json.dumps({"results": results, "compare": diffs}, indent=2))
     console.print(f"written: {(out_dir / 'eval.json').resolve()}")
@@ -89,6 +96,8 @@ def run_row(run_dir: Path) -> dict:
     after a --resume the steps left) and last held-out evaluation."""
     import yaml
 
+    from rollart_dask.algo.heldout import incomplete_note, is_complete
+
     flow = yaml.safe_load((run_dir / "flow.yaml").read_text()) if (run_dir / "flow.yaml").exists() else {}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open() if line.strip()]
     steps = [r for r in rows if r.get("kind") == "step"]
@@ -97,7 +106,8 @@ def run_row(run_dir: Path) -> dict:
     mode = f"{rollout.get('mode', '?')} α={rollout.get('alpha', '?')}" if steps or not evals else "evaluation only (rollart eval)"
     return {"run": str(run_dir), "flow": flow.get("name", "?"), "mode": mode,
             "steps": len(steps), "planned": flow.get("trainer", {}).get("steps"), "version": steps[-1]["version"] if steps else 0,
-            "held_out": {t: f["success"] for t, f in evals[-1]["eval"].items()} if evals else {},
+            "held_out": {t: f["success"] if is_complete(f) else None for t, f in evals[-1]["eval"].items()} if evals else {},  # None: incomplete
+            "held_out_incomplete": {t: incomplete_note(f) for t, f in evals[-1]["eval"].items() if not is_complete(f)} if evals else {},
             "held_out_at": evals[-1]["version"] if evals else None, "modified": (run_dir / "metrics.jsonl").stat().st_mtime}
 
 
@@ -105,6 +115,7 @@ def run_row(run_dir: Path) -> dict:
 @click.argument("root", default="runs", type=click.Path(file_okay=False))
 def runs_command(root):
     """The runs under ROOT (any depth): flow, mode, steps, last held-out success, newest first."""
+    from rich.markup import escape
     from rich.table import Table
 
     from rollart_dask.observe import console
@@ -116,7 +127,8 @@ def runs_command(root):
     for col in ("run", "flow", "mode", "steps (of planned)", "held-out success", "modified"):
         table.add_column(col, justify="right" if col.startswith("steps") else "left", overflow="fold")
     for r in found:
-        held = ", ".join(f"{t} {s:.2f}" for t, s in r["held_out"].items()) + (f" @v{r['held_out_at']}" if r["held_out"] else "—")
+        held = ", ".join(f"{t} {s:.2f}" if s is not None else f"{t} {escape(r['held_out_incomplete'][t])}" for t, s in r["held_out"].items()) \
+            + (f" @v{r['held_out_at']}" if r["held_out"] else "—")
         table.add_row(r["run"], r["flow"], r["mode"], f"{r['steps']} ({r['planned']})", held if r["held_out"] else "—",
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(r["modified"])))
     console.print(table)

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from rollart_dask.config import FlowConfig, FlowError, load_flow
-from rollart_dask.control.evaluation import paired
+from rollart_dask.algo.heldout import is_complete, paired
 
 
 def locate(target: str | Path) -> tuple[Path, Path]:
@@ -63,8 +63,10 @@ async def evaluate(target: str | Path, out: Path, tasks: tuple[str, ...] = (), s
 
 
 def compare(a: dict, b: dict) -> dict:
-    """A − B per task on the seeds both played: success and reward, each with its paired 95% interval."""
-    return {task: {key: paired(a["outcomes"][task], b["outcomes"][task], key) for key in ("success", "reward")}
+    """A − B per task on the seeds both played: success and reward, each with its paired 95% interval; ``complete``
+    False when either evaluation is (its seeds that failed are left out, so the difference is not the checkpoints')."""
+    return {task: {**{key: paired(a["outcomes"][task], b["outcomes"][task], key) for key in ("success", "reward")},
+                   "complete": is_complete(a["eval"][task]) and is_complete(b["eval"][task])}
             for task in a["outcomes"] if task in b["outcomes"]}
 
 

@@ -151,7 +151,10 @@ class RunHandle:
             evals = self._rows("eval")
             if evals:
                 first, last = evals[0], evals[-1]
-                rows.append(("held-out", ", ".join(f"{t} {first['eval'][t]['success']:.2f} → {e['success']:.2f}" for t, e in last["eval"].items())))
+                from rollart_dask.algo.heldout import shown  # (an incomplete evaluation: its note, never a score)
+
+                rows.append(("held-out", ", ".join(f"{t} {shown(first['eval'][t], 2) if t in first['eval'] else '—'} → {shown(e, 2)}"
+                                                   for t, e in last["eval"].items())))
         if self.error is not None:
             rows.append(("error", escape(repr(self.error))))
         cells = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"

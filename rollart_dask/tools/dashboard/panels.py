@@ -68,8 +68,10 @@ def panel_data(state) -> dict:
         version["version"].append(version["version"][-1])
 
     scores: dict[str, tuple[list, list]] = {}
-    for e in evals:
+    for e in evals:  # an incomplete evaluation is no point (the snapshot gives its failed calls instead of a success)
         for task, x in e["success"].items():
+            if task in (e.get("failed") or {}):
+                continue
             xs, ys = scores.setdefault(task, ([], []))
             xs.append(e["version"])
             ys.append(x)

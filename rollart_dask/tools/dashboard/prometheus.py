@@ -34,7 +34,8 @@ class RollartCollector:
             ("trajectories_in_flight", "trajectories in flight by stage", ["stage"]),
             ("staleness_samples", "trajectories of the last trained batch by staleness (versions behind)", ["staleness"]),
             ("pool_busy", "busy fraction of each pool over the last step", ["pool"]),
-            ("held_out_success", "held-out success of the last evaluation", ["task"]),
+            ("held_out_success", "held-out success of the last evaluation (none while it is incomplete)", ["task"]),
+            ("held_out_failed_calls", "held-out seeds whose eval calls failed in the last evaluation, when it is incomplete", ["task"]),
             ("held_out_version", "policy version of the last evaluation", []),
             ("mix_shift_pp", "trained share - launched share of each task since the run began, percentage points", ["task"]))}
         c = {"trajectories": CounterMetricFamily("rollart_trajectories", "trajectories and groups by outcome since the run began",
@@ -70,8 +71,12 @@ class RollartCollector:
             if state.evals:
                 last = state.evals[max(state.evals)]
                 g["held_out_version"].add_metric(base, last.get("version", 0))
+                failed = last.get("failed") or {}
                 for task, x in (last.get("success") or {}).items():
-                    g["held_out_success"].add_metric(base + [task], x)
+                    if task not in failed:  # (the snapshot already leaves an incomplete evaluation's success out)
+                        g["held_out_success"].add_metric(base + [task], x)
+                for task, n in failed.items():
+                    g["held_out_failed_calls"].add_metric(base + [task], n)
         yield from g.values()
         yield from c.values()
 

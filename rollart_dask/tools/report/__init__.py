@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from rollart_dask.algo.heldout import incomplete_note, is_complete
 from rollart_dask.tools.report.figures import FIGURES
 from rollart_dask.tools.report.runs import ReportError, RunData, common_folder, load_runs
 
@@ -16,11 +17,12 @@ __all__ = ["ReportError", "build_report", "default_out"]
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:13px}
+th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:13px}.incomplete{color:#b00}
 pre{background:#f8f8f8;padding:8px;font-size:12px;overflow:auto}.muted{color:#777}"""
 
 CAPTIONS = {  # what each figure reads from (the metrics.jsonl keys), so a reader can check it against the rows
-    "heldout.png": "eval rows: success per task on the held-out seeds, greedy, with the 95% interval; against wall time and policy version.",
+    "heldout.png": "eval rows: success per task on the held-out seeds, greedy, with the 95% interval; against wall time and policy version. "
+                   "An incomplete evaluation (eval calls that failed after their retries) is no score: left out, a dotted vertical line, labelled.",
     "train.png": "step rows: reward_mean and success of the trained batch.",
     "policy.png": "step rows: entropy, approx_kl (to the behaviour policy), clip_frac of the update.",
     "staleness.png": "step rows: staleness histogram of the trained trajectories (versions behind the trainer).",
@@ -43,9 +45,12 @@ def _heldout(run: RunData) -> str:
     last = run.evals[-1]
     out = []
     for task, f in sorted(last["eval"].items()):
+        if not is_complete(f):  # not a score: marked, with why
+            out.append(f"<b class=incomplete>{html.escape(task)} {html.escape(incomplete_note(f))}</b>")
+            continue
         ci = f.get("success_ci")
-        out.append(f"{task} {f['success']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""))
-    return "<br>".join(map(html.escape, out)) + f" <span class=muted>@v{last.get('version', '?')}</span>"
+        out.append(html.escape(f"{task} {f['success']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")))
+    return "<br>".join(out) + f" <span class=muted>@v{last.get('version', '?')}</span>"
 
 
 def _elapsed(run: RunData) -> str:

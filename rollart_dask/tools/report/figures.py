@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from matplotlib.figure import Figure
 
+from rollart_dask.algo.heldout import is_complete
 from rollart_dask.tools.report.runs import RunData
 
 PHASES = ("get_batch_s", "suspend_s", "update_s", "recompute_kv_s", "train_s", "wait_train_s")  # a step's six phases (control/run.py)
@@ -65,15 +66,21 @@ def heldout(runs: list[RunData]) -> Figure | None:
     for i, run in enumerate(runs):
         tasks = sorted({t for e in run.evals for t in e["eval"]})
         for j, task in enumerate(tasks):
-            rows = [e for e in run.evals if task in e["eval"]]
+            # an incomplete evaluation is no score: left out of the line, marked by a dotted vertical line instead
+            rows = [e for e in run.evals if task in e["eval"] and is_complete(e["eval"][task])]
+            missing = [e for e in run.evals if task in e["eval"] and not is_complete(e["eval"][task])]
             ys = [e["eval"][task]["success"] for e in rows]
             lo = [e["eval"][task].get("success_ci", [y, y])[0] for e, y in zip(rows, ys)]
             hi = [e["eval"][task].get("success_ci", [y, y])[1] for e, y in zip(rows, ys)]
             label = run.label if len(tasks) == 1 else f"{run.label} · {task}"
             style = ("-", "--", ":", "-.")[j % 4]
-            for ax, xs in ((by_time, [run.minutes(e) for e in rows]), (by_version, [e["version"] for e in rows])):
-                ax.plot(xs, ys, style, marker=".", color=_color(i), label=label)
-                ax.fill_between(xs, lo, hi, color=_color(i), alpha=0.12, linewidth=0)
+            for ax, x in ((by_time, run.minutes), (by_version, lambda e: e["version"])):
+                if rows:
+                    xs = [x(e) for e in rows]
+                    ax.plot(xs, ys, style, marker=".", color=_color(i), label=label)
+                    ax.fill_between(xs, lo, hi, color=_color(i), alpha=0.12, linewidth=0)
+                for k, e in enumerate(missing):
+                    ax.axvline(x(e), color=_color(i), linestyle=":", linewidth=1, label=f"{label}: incomplete evaluation" if k == 0 else None)
     by_time.set_xlabel("minutes since start")
     by_version.set_xlabel("policy version")
     for ax in (by_time, by_version):
