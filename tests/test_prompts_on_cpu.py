@@ -126,3 +126,39 @@ def test_generate_timeouts_follow_the_engines_measured_speed_and_the_work_queued
         t.done("e", 24, 0)  # all failed: 10 more busy seconds and no token, the measured speed halves
     assert t.rate("e") == pytest.approx(20 / 12.0)
     assert GenerateTimeouts(30).start("e", 24) == 30.0  # a fixed timeout stays fixed
+
+
+def test_a_generate_call_times_out_only_when_its_engine_answers_nothing_for_its_budget():
+    import asyncio
+
+    async def scenario():
+        t = GenerateTimeouts("auto", floor_s=0.3, first_s=0.3)
+        loop = asyncio.get_running_loop()
+        # a busy engine: the call waits 1 s, but the engine answers another call every 0.2 s meanwhile
+        slow = loop.create_future()
+        loop.call_later(1.0, slow.set_result, "answer")
+        t.start("busy", 8)
+        started = t.clock()
+
+        async def others():
+            for _ in range(6):
+                await asyncio.sleep(0.2)
+                t.start("busy", 8)
+                t.done("busy", 8, 8)
+
+        helper = asyncio.ensure_future(others())
+        assert await t.wait(slow, "busy", started) == "answer"
+        await helper
+        # a stuck engine: nothing answered, the budget runs out and the call is cancelled
+        stuck = loop.create_future()
+        t.start("stuck", 8)
+        t0 = t.clock()
+        with pytest.raises(TimeoutError, match="the engine answered no call within its budget"):
+            await t.wait(stuck, "stuck", t0)
+        assert stuck.cancelled() and 0.25 < t.clock() - t0 < 1.0
+        fixed = GenerateTimeouts(5)
+        done = loop.create_future()
+        done.set_result("x")
+        assert await fixed.wait(done, "e", fixed.clock()) == "x"
+
+    asyncio.run(scenario())

@@ -30,7 +30,8 @@ def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float, fl
     return mean, mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
 
 
-def summarise(outcomes: dict[int, dict], n: int, seconds: float, failures: dict[str, int] | None = None, retried: int = 0) -> dict:
+def summarise(outcomes: dict[int, dict], n: int, seconds: float, failures: dict[str, int] | None = None, retried: int = 0,
+              retried_for: dict[str, int] | None = None) -> dict:
     """A task's figures from its outcomes by seed: success and reward over the seeds that completed. A seed whose
     trajectory failed (after its retries) is no outcome at all: the evaluation is then incomplete (``complete``
     False), ``failures`` says why ({reason: seeds}), and its figures are not a score (see ``shown``)."""
@@ -39,7 +40,8 @@ def summarise(outcomes: dict[int, dict], n: int, seconds: float, failures: dict[
     reward, lo, hi = mean_interval([o["reward"] for o in outcomes.values()])
     return {"success": success / done if done else 0.0, "success_ci": [round(x, 4) for x in wilson(success, done)],
             "reward_mean": reward, "reward_ci": [round(lo, 4), round(hi, 4)], "complete": done == n, "completed": done,
-            "failed_calls": n - done, "seeds": n, "failures": dict(failures or {}), "retried": retried, "seconds": round(seconds, 2)}
+            "failed_calls": n - done, "seeds": n, "failures": dict(failures or {}), "retried": retried,
+            "retried_for": dict(retried_for or {}), "seconds": round(seconds, 2)}
 
 
 def is_complete(fig: dict) -> bool:
@@ -65,7 +67,7 @@ SCORES = ("success", "success_ci", "reward_mean", "reward_ci")
 def loggable(fig: dict) -> dict:
     """A task's figures for trackers and series: an incomplete evaluation's scores left out (its failed count stays),
     and the failure reasons (free text) never as series names."""
-    return {k: v for k, v in fig.items() if k != "failures" and (k not in SCORES or is_complete(fig))}
+    return {k: v for k, v in fig.items() if k not in ("failures", "retried_for") and (k not in SCORES or is_complete(fig))}
 
 
 def reason(e: BaseException, width: int = 120) -> str:

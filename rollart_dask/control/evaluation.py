@@ -14,12 +14,12 @@ async def play(em, task, seeds: range, tag: str, greedy: bool = True, retries: i
     """Play ``task`` on ``seeds`` (all at once: a slow env does not serialise the others); its figures and outcomes by seed.
     Seeds whose trajectory failed (raised, not a wrong answer) are played again, together, up to ``retries`` rounds;
     a cancelled one (the run is stopping) is not: it counts as failed, and a cancelled ``play`` raises as before."""
-    from rollart_dask.control.proxy import TrajectoryCancelled  # (here: the figures' helpers above serve the report, no cluster)
+    from rollart_dask.control.proxy import TrajectoryCancelled
 
     t0 = time.monotonic()
     outcomes: dict[int, dict] = {}
     why: dict[int, str] = {}
-    pending, retried = list(seeds), set()
+    pending, retried, retried_for = list(seeds), set(), Counter()  # (retried_for: why the seeds played again had failed)
     for round_ in range(retries + 1):
         # a new id each round: the env host refuses a reset of a trajectory it has closed
         trajs = [Trajectory(id=f"eval-{tag}-{task.name}-{s}" + (f"~r{round_}" if round_ else ""), group_id="eval", task=task.name, seed=s)
@@ -39,4 +39,5 @@ async def play(em, task, seeds: range, tag: str, greedy: bool = True, retries: i
         if not pending or cancelled or round_ == retries:
             break
         retried.update(pending)
-    return summarise(outcomes, len(seeds), time.monotonic() - t0, dict(Counter(why.values())), len(retried)), outcomes
+        retried_for.update(why[s] for s in pending)
+    return summarise(outcomes, len(seeds), time.monotonic() - t0, dict(Counter(why.values())), len(retried), dict(retried_for)), outcomes

@@ -108,20 +108,21 @@ class LLMProxy:
                 self.load[route.prefill_worker] += 1
             self.requests += 1
             self.landed[task, self.pool_of[addr]] += 1
-            timeout = self.generate_timeouts.start(addr, item["max_tokens"])
-            answered = 0
+            budget = self.generate_timeouts
+            started = budget.clock()
+            budget.start(addr, item["max_tokens"])
+            c = None
             try:
                 fn = route or (tasks.generate_stream if self.streamed else tasks.generate_batch)
-                c: Completion = await self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=timeout,
-                                                  streamed=self.streamed)
-                answered = len(c.token_ids)
+                call = asyncio.ensure_future(self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=budget.fixed,
+                                                         streamed=self.streamed))
+                c = await budget.wait(call, addr, started)
             except TimeoutError:
                 self.timed_out += 1
                 await self._abort({rid: addr})
-                raise TimeoutError(f"generate ran past its timeout of {timeout:.0f} s (rollout.generate_timeout_s="
-                                   f"{self.generate_timeouts.fixed or 'auto'}) on {addr}") from None
+                raise
             finally:
-                self.generate_timeouts.done(addr, item["max_tokens"], answered)
+                budget.done(addr, item["max_tokens"], len(c.token_ids) if c is not None else 0, answered=c is not None)
                 self._inflight.pop(rid, None)
                 self.load[addr] -= 1
                 if route:
