@@ -197,6 +197,15 @@ class PDConfig(Strict):
         return self
 
 
+class UserFaultsConfig(Strict):
+    """When a task's own code (env, reward) fails often enough that the run stops, naming it (control/breaker.py)."""
+
+    consecutive: int = Field(8, ge=0, description="failed trajectories of one task in a row that stop the run; 0: never stop (failures "
+                                                  "are still counted and never trained)")
+    share: float = Field(0.5, gt=0, le=1, description="or: more than this share of the task's last `window` trajectories failed")
+    window: int = Field(40, ge=1, description="trajectories the share is taken over")
+
+
 class RolloutConfig(Strict):
     mode: Literal["sync", "one_off", "rollart"] = "rollart"
     level: Literal["trajectory", "batch"] | None = Field(None, description="default: batch for sync/one_off, trajectory for rollart")
@@ -219,6 +228,8 @@ class RolloutConfig(Strict):
     reward_timeout_s: float = Field(30, gt=0, description="per reward call")
     retries: int = Field(2, ge=0, description="retry budget per env/reward call")
     max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
+    user_faults: UserFaultsConfig = Field(default_factory=UserFaultsConfig, description="failures of a task's env or reward code that "
+                                          "stop the run (below them they are counted and the run goes on)")
     fairness: Literal["none", "task"] = Field("none", description="none: a batch is the first groups to complete (fast tasks train "
                                               "more, slow ones are aborted stale and dropped). task: each batch keeps the launched task "
                                               "mix (a per-task quota it waits for), stale relaunches never drop a group; the shift is "

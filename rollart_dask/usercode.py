@@ -15,12 +15,30 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 
 class UserCodeError(ValueError):
     """A module of ``imports`` or a Python flow that cannot be imported; the message names it."""
+
+
+class UserFunctionError(RuntimeError):
+    """A user's env or reward raised, or gave what it may not, while a run called it: a fault of their code, not of the
+    infrastructure (the run counts it per task and stops past rollout.user_faults). The first line names the function and
+    the exception; the lines after it are the innermost frames of its traceback."""
+
+
+def user_error(where: str, e: BaseException, frames: int = 3) -> UserFunctionError:
+    """``e``, raised by the user's ``where`` (e.g. ``FrozenLakeEnv.step``), as a UserFunctionError with its last frames."""
+    if isinstance(e, UserFunctionError):
+        return e
+    own = str(Path(__file__).parent)  # the runtime's frames say nothing about the user's code
+    stack = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(own)][-frames:]
+    trace = "".join(traceback.format_list(stack)).rstrip()
+    line = (str(e).strip().splitlines() or [""])[0]
+    return UserFunctionError(f"{where} raised {type(e).__name__}: {line}" + (f"\n{trace}" if trace else ""))
 
 
 def resolve(item: str, base: Path | None) -> str:

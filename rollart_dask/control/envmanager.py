@@ -10,6 +10,7 @@ import time
 from collections import Counter
 
 from rollart_dask.config import EngineConfig, RolloutConfig, TaskConfig, task_pool
+from rollart_dask.control.breaker import as_user_fault
 from rollart_dask.control.dispatch import CallFailed, Dispatcher, WorkerLost
 from rollart_dask.control.proxy import LLMProxy
 from rollart_dask.models.prompts import Conversation
@@ -114,17 +115,20 @@ class EnvManager:
             self._freed.clear()
             await self._freed.wait()
 
-    async def _env(self, stage: str, fn, item: dict, worker: str, retries: int):
+    async def _env(self, stage: str, fn, item: dict, worker: str, retries: int, task: str):
         for attempt in range(retries + 1):
             if worker not in self.env_workers:
                 raise WorkerLost(f"env worker {worker} left the cluster")
             try:
                 return await self.d.call(stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s,
                                          streamed=True)
-            except (CallFailed, TimeoutError):
+            except (CallFailed, TimeoutError) as e:
                 self.counts[f"{stage}_errors"] += 1
                 if attempt == retries:
-                    raise
+                    fault = as_user_fault(stage, task, e)
+                    if fault is e:
+                        raise
+                    raise fault from e
 
     async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, greedy: bool = False, on_start=None) -> Trajectory:
         """Play one trajectory to its end and score it. Raises on failure; the caller counts it."""
@@ -146,7 +150,7 @@ class EnvManager:
             self.stage[tid] = "env-reset"
             reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed, "inject": task.inject,
                      "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0"}
-            obs, info = await self._env("env-reset", tasks.env_reset_stream, reset, worker, self.rollout.retries)
+            obs, info = await self._env("env-reset", tasks.env_reset_stream, reset, worker, self.rollout.retries, task.name)
             choices = info.get("action_choices") if self.engine.constrained else None
             final_info: dict = {}
             emulate = info.get("emulate")  # an EMULATED workload env's lengths for the next turn
@@ -179,7 +183,7 @@ class EnvManager:
                 self.stage[tid] = "env-step"
                 last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
                 # env.step is not idempotent: no retry (a failed step fails the trajectory)
-                nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0)
+                nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0, task.name)
                 traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
                                        allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r,
                                        token_versions=c.token_versions, messages=messages))
@@ -219,10 +223,13 @@ class EnvManager:
             try:
                 return await self.d.call("reward", tasks.reward_batch, dict(item), pool=pool, worker=self._reward_worker(pool),
                                          timeout=self.rollout.reward_timeout_s)
-            except (CallFailed, TimeoutError, WorkerLost):  # stateless: any reward worker may score it again
+            except (CallFailed, TimeoutError, WorkerLost) as e:  # stateless: any reward worker may score it again
                 self.counts["reward_errors"] += 1
                 if attempt == self.rollout.retries:
-                    raise
+                    fault = as_user_fault("reward", task.name, e)
+                    if fault is e:
+                        raise
+                    raise fault from e
 
     def _reward_worker(self, pool: str) -> str | None:
         """The next of the pool's reward workers in turn (None: calls go to the pool and come back as task results)."""

@@ -18,6 +18,7 @@ from collections import Counter
 
 from rollart_dask.config import FlowConfig, TaskConfig
 from rollart_dask.control import phases
+from rollart_dask.control.breaker import FaultBreaker, UserCodeFailed
 from rollart_dask.control.buffer import Orders, SampleBuffer
 from rollart_dask.control.dispatch import WorkerLost
 from rollart_dask.control.envmanager import EnvManager, TurnBarrier
@@ -45,7 +46,7 @@ def draw_group(rng: random.Random, tasks: dict, start_seed: int) -> tuple[str, i
 
 
 class Launcher:
-    def __init__(self, cfg: FlowConfig, buffer: SampleBuffer, proxy: LLMProxy, em: EnvManager, counts: Counter):
+    def __init__(self, cfg: FlowConfig, buffer: SampleBuffer, proxy: LLMProxy, em: EnvManager, counts: Counter, on_fatal=None):
         self.cfg, self.buffer, self.proxy, self.em, self.counts = cfg, buffer, proxy, em, counts
         self.tasks = {t.name: t for t in cfg.tasks}
         self.rng = random.Random(cfg.seed)
@@ -59,6 +60,9 @@ class Launcher:
         self.batch_ready = asyncio.Event()  # a trajectory ended: a batch may be complete
         self._wake = asyncio.Event()
         self._wave: list[str] = []
+        f = cfg.rollout.user_faults
+        self.breaker = FaultBreaker(f.consecutive, f.share, f.window)  # a task whose own code keeps failing stops the run
+        self.on_fatal = on_fatal  # the run's fail(error)
 
     def wake(self) -> None:
         self._wake.set()
@@ -139,10 +143,17 @@ class Launcher:
             orders = self.buffer.failed(traj.id, "worker_lost")
         except Exception as e:
             reason = f"failed_{type(e).__name__}"
-            if self.counts[reason] < 3:
-                console.print(f"[yellow]trajectory {traj.id} ({traj.task}) failed: {e}[/yellow]")
+            if self.counts[reason] < 3:  # (the first line: a user's traceback comes whole in the error that stops the run)
+                console.print(f"trajectory {traj.id} ({traj.task}) failed: {str(e).splitlines()[0]}", markup=False, style="yellow")
             self.counts[reason] += 1
             orders = self.buffer.failed(traj.id, "failed")
+            if isinstance(e, UserCodeFailed):
+                self.counts[f"user_faults_{e.call}"] += 1
+                fault = self.breaker.failed(e)
+                if fault is not None and self.on_fatal is not None:
+                    self.on_fatal(fault)
+        else:
+            self.breaker.ok(traj.task)
         self.carry_out(orders)
 
     def drain_trajectory_s(self) -> dict:

@@ -19,7 +19,7 @@ from rollart_dask.algo.advantages import advantage_fn
 from rollart_dask.algo.heldout import incomplete_note, is_complete
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
-from rollart_dask.control import elastic, evaluation, phases, placement, wiring
+from rollart_dask.control import elastic, evaluation, phases, placement, stopping, wiring
 from rollart_dask.control.buffer import Group, SampleBuffer
 from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
@@ -70,9 +70,9 @@ class Run:
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)
         self.t_start = self.progress_at = time.monotonic()
-        self.fatal, self._fatal = None, asyncio.Event()  # a trainer that could not be re-created: the run stops
+        self.fatal, self._fatal = None, asyncio.Event()  # a lost trainer, a user fault (control/stopping.py): the run stops
         self.recovery = TrainerRecovery(self)  # what re-creates a lost trainer (control/recovery.py)
-        self._stop_requested = False
+        self._stop_requested, self.stop_reason = False, "stop requested"  # (the reason: what ended the run early, as printed)
         self._training: tuple | None = None  # (train future, its StepRecord) until the trainer has published
         self._run_span: dict | None = None  # Dask span of the whole run; each step's nests in it
         self._step_span: dict | None = None
@@ -90,7 +90,7 @@ class Run:
     async def setup(self) -> None:
         s = self.services = await wiring.wire(self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint,
                                               on_weights=lambda w: setattr(self, "_weights", w))
-        self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts)
+        self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts, on_fatal=self.fail)
         self.placement = await placement.attach(self.cfg, self.out, s)
         elastic.watch(self)
         if self.from_checkpoint:
@@ -104,9 +104,8 @@ class Run:
     # -- public state (the dashboard feed, the Python API) -------------------------------------------
     @property
     def state(self) -> str:
-        if self._stop_requested or (self.launcher is not None and self.launcher.stopping):
-            return "stopping"
-        return "paused" if self.paused else "running"
+        stopping = self._stop_requested or (self.launcher is not None and self.launcher.stopping)
+        return "stopping" if stopping else "paused" if self.paused else "running"
 
     @property
     def paused(self) -> bool:
@@ -121,10 +120,11 @@ class Run:
         return Counter(self.services.em.stage.values())
 
     def fail(self, error: Exception) -> None:
-        """End the run from Get Batch, or from the wait for a Train that cannot finish (its worker is gone)."""
-        self.fatal = error
-        self._fatal.set()
-        self.launcher.batch_ready.set()
+        """End the run from Get Batch, or from the wait for a Train that cannot finish; the first error is reported."""
+        if self.fatal is None:
+            self.fatal = error
+            self._fatal.set()
+            self.launcher.batch_ready.set()
 
     # -- steering (from the Python API; call on the run's event loop) ---------------------------------
     def pause(self) -> None:
@@ -182,7 +182,7 @@ class Run:
                     return groups
                 self.launcher.batch_ready.clear()
                 await self.launcher.batch_ready.wait()
-        console.print(f"stop requested: ending after {rec.step - 1} steps")
+        console.print(f"{self.stop_reason}: ending after {rec.step - 1} steps")
         return None
 
     def _newer_version(self) -> bool:
@@ -332,7 +332,7 @@ class Run:
         self.launcher.rollout_span = phases.new_span("rollout", parent=self._run_span)
         t = self.telemetry
         self._unwatch = self.recovery.watch_connection()  # (undone at stop: the client may be the user's)
-        self._bg = [asyncio.ensure_future(c) for c in (self.launcher.loop(), t.watchdog(), t.monitor(), t.feed())]
+        self._bg = stopping.background(self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "monitor": t.monitor(), "feed": t.feed()})
         notify = on_step or (lambda run: None)
         try:
             await self.evaluate()
@@ -346,9 +346,6 @@ class Run:
                 if cfg.eval.every and self.engine_version % cfg.eval.every == 0 and self.engine_version > self.history[-1]["version"]:
                     await self.evaluate()
                 notify(self)
-                if cfg.trainer.max_minutes and (time.monotonic() - self.t_start) > cfg.trainer.max_minutes * 60:
-                    console.print(f"time limit of {cfg.trainer.max_minutes} min reached after {number} steps")
-                    break
             await self._finish_training()  # the last Train publishes; its version reaches the engines
             await self._install_published()  # (also when a stop ended the loop)
             if self.history[-1]["version"] != self.engine_version:
@@ -360,6 +357,9 @@ class Run:
                     "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "generate_pools": s.proxy.landed_by_task(), "accounting": self.accounting(),
                     **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {}),  # totals at the last step
                     **({"placement": self.placement.summary()} if self.placement else {})}
+        except Exception as e:  # stopped on an error: what the run has is still written (the entry point's summary.json)
+            e.partial = await stopping.stopped_with(self, e)
+            raise
         finally:
             await self.stop()
 

@@ -18,6 +18,7 @@ from envs.inject import Injected, parse_spec
 from rollart_dask.config import PromptConfig
 from rollart_dask.models.prompts import Conversation
 from rollart_dask.registry import make_env
+from rollart_dask.usercode import UserFunctionError, user_error
 
 
 @functools.lru_cache(maxsize=64)
@@ -94,11 +95,15 @@ class EnvHost:
         for old in overtaken:
             self._close(old)
         try:
-            if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
-                obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
-            else:
-                obs, info = env.reset(seed=item["seed"])
+            try:
+                if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
+                    obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
+                else:
+                    obs, info = env.reset(seed=item["seed"])
+            except Exception as e:
+                raise user_error(f"{_name(env)}.reset", e) from e
             info = dict(info)
+            _check_observation(env, "reset", obs)
             info["action_choices"] = list(getattr(env, "action_choices", None) or [])
         except BaseException:
             self._close(env)
@@ -135,7 +140,11 @@ class EnvHost:
             if env is None:
                 raise KeyError(f"no env for trajectory {tid} on this worker (closed, or lost with a restart?)")
             try:
-                obs, reward, terminated, truncated, info = env.step(item["action"])
+                try:
+                    obs, reward, terminated, truncated, info = env.step(item["action"])
+                except Exception as e:
+                    raise user_error(f"{_name(env)}.step", e) from e
+                _check_observation(env, "step", obs)
             except BaseException:
                 self._count("steps", t0, done=False)
                 raise
@@ -163,7 +172,10 @@ class EnvHost:
             self._close(env)
 
     def _make(self, item: dict):
-        env = make_env(item["env"], **item.get("env_args", {}))
+        try:
+            env = make_env(item["env"], **item.get("env_args", {}))
+        except Exception as e:
+            raise user_error(f"env {item['env']!r} with env_args {item.get('env_args', {})}", e) from e
         if item.get("inject"):  # EMULATED latency/failures for ablations (its close closes the env it wraps)
             env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
         with self._lock:
@@ -221,3 +233,15 @@ def expert_demos(item: dict) -> list[dict]:
     finally:
         env.close()
     return demos
+
+
+def _name(env) -> str:
+    inner = getattr(env, "env", None) if type(env).__name__ == "Injected" else None  # (EMULATED faults wrap the user's env)
+    return type(inner or env).__name__
+
+
+def _check_observation(env, call: str, obs) -> None:
+    """An observation is the text the model reads next: anything else fails here, named, not in a chat template later."""
+    if not isinstance(obs, str):
+        raise UserFunctionError(f"{_name(env)}.{call} returned an observation of type {type(obs).__name__} ({str(obs)[:60]!r}); "
+                                "an observation is a string (the text the model reads next)")

@@ -23,14 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 from rollart_dask.registry import get_reward, stateful_reward
 from rollart_dask.data.encoding import chat_prompt_ids
+from rollart_dask.data.reward_value import reward_value
+from rollart_dask.usercode import user_error
 
 
-def _check(name: str, out) -> dict:
-    if isinstance(out, (int, float)):
-        out = {"score": float(out)}
-    if not isinstance(out, dict) or not isinstance(out.get("score"), (int, float)):
-        raise TypeError(f"reward {name!r} returned {out!r}; expected a float or a dict with a numeric 'score'")
-    return out
+def call_reward(name: str, fn, *args):
+    """The user's reward function called; what it raises comes back as their fault, named (usercode.UserFunctionError)."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        raise user_error(f"reward {name!r} ({getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')})", e) from e
 
 
 def _err(e: BaseException) -> tuple:
@@ -89,7 +91,7 @@ class RewardRunner:
         if not self.local:
             raise RuntimeError(f"reward {item['reward']!r} runs in-process on the REWARD pool, not on this reward caller")
         t0 = time.perf_counter()
-        out = _check(item["reward"], get_reward(item["reward"])(item["trajectory"]))
+        out = reward_value(item["reward"], call_reward(item["reward"], get_reward(item["reward"]), item["trajectory"]))
         self._count_local(item["reward"], 1, time.perf_counter() - t0)
         return out
 
@@ -179,7 +181,7 @@ class RewardRunner:
             for (i, _), c in zip(reqs, completions):
                 try:
                     done = {"text": c.text, "logprobs": list(c.logprobs), "token_ids": list(c.token_ids), "finish_reason": c.finish_reason}
-                    out[i] = ("ok", _check(name, fn(items[i]["trajectory"], done)))
+                    out[i] = ("ok", reward_value(name, call_reward(name, fn, items[i]["trajectory"], done)))
                 except Exception as e:
                     out[i] = _err(e)
             self.stats["judge_calls"] += len(reqs)
@@ -200,7 +202,7 @@ class RewardRunner:
             self._count(e.stats, item["reward"], time.perf_counter() - t0)
             raise
         self._count(st, item["reward"], time.perf_counter() - t0)
-        return _check(item["function"], out)
+        return reward_value(item["function"], out)
 
     def _count(self, st, name: str, seconds: float) -> None:
         if st is None:

@@ -292,9 +292,7 @@ class MegatronTrainer(TorchTrainer):
             return super()._optimizer_step()
         self.model.finish_grad_sync()
         ok, grad_norm, _ = self.opt.step()  # clips to clip_grad inside
-        if not ok:
-            raise RuntimeError("megatron optimizer step was skipped (non-finite gradients)")
-        return float(grad_norm)
+        return float(grad_norm) if ok else float("nan")  # skipped on non-finite gradients: the caller counts it
 
     # -- weights out / in, always in HF names
     def megatron_state_dict(self) -> dict[str, torch.Tensor]:
@@ -314,11 +312,15 @@ class MegatronTrainer(TorchTrainer):
 
         from transformers import AutoModelForCausalLM
 
+        from rollart_dask.data.weights.buckets import check_finite
+
+        state = self.state_dict()
+        check_finite(state, f"checkpoint of version {self.version}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         with torch.device("meta"):  # an HF skeleton to write the directory engines and TorchTrainer load
             hf = AutoModelForCausalLM.from_config(self.hf_config)
-        hf.load_state_dict(self.state_dict(), assign=True)
+        hf.load_state_dict(state, assign=True)
         hf.tie_weights()  # assign=True gave lm_head its own copy; tied, the directory must hold one tensor as HF writes it
         hf.save_pretrained(path)
         self.tokenizer.save_pretrained(path)

@@ -10,6 +10,7 @@ alone (data/lora.py).
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,12 +23,19 @@ from rollart_dask.data.backends import set_torch_threads
 if TYPE_CHECKING:
     from rollart_dask.config import EmulationConfig, LoraConfig, TrainerConfig
 
+NONFINITE_LIMIT = 3  # NaN/inf updates in a row that stop the run (one alone is skipped and counted)
+
+
+class NonFiniteUpdate(RuntimeError):
+    """The loss or gradient was NaN/inf at NONFINITE_LIMIT updates in a row: training cannot go on."""
+
 
 class TorchTrainer:
     version: int  # the Trainer contract's attribute (data/contracts.py)
     correction, is_cap, is_level = "none", 2.0, "token"  # trainer.correction (from_config sets them; algo/losses.off_policy)
     lora: LoraConfig | None = None  # trainer.lora: the adapter alone trains and is published
     loss_agg, loss_norm_tokens = "token_mean", None  # trainer.loss_agg (from_config sets them; algo/losses.aggregation_weights)
+    nonfinite_in_a_row = 0  # updates skipped for a NaN/inf loss or gradient since the last applied one
 
     def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
@@ -202,9 +210,18 @@ class TorchTrainer:
             rows += int(ids.size(0))
             for k, v in chunk_stats.items():
                 stats[k] = stats.get(k, 0.0) + v * w
-        grad_norm = self._optimizer_step()
+        # a NaN/inf loss or gradient is never applied: the update is skipped and counted, and a few in a row stop the run
+        grad_norm = self._optimizer_step() if math.isfinite(loss_sum) else float("nan")
+        finite = math.isfinite(loss_sum) and math.isfinite(grad_norm)
+        if not finite:
+            self._zero_grad()
+        self.nonfinite_in_a_row = 0 if finite else self.nonfinite_in_a_row + 1
+        if self.nonfinite_in_a_row >= NONFINITE_LIMIT:
+            raise NonFiniteUpdate(f"trainer: the loss or gradient was NaN/inf at {self.nonfinite_in_a_row} updates in a row, the last "
+                                  f"the update after version {self.version} (loss {loss_sum}, grad norm {grad_norm}); none was applied. "
+                                  f"Look for non-finite advantages, logprobs or a learning rate that diverges")
         stats.update(loss=loss_sum, grad_norm=float(grad_norm), samples=len(samples), tokens=total_tokens,
-                     forward_rows=rows, train_s=time.perf_counter() - t0)
+                     forward_rows=rows, train_s=time.perf_counter() - t0, nonfinite_skipped=int(not finite))
         return stats
 
     # -- the model-specific steps of the update (MegatronTrainer overrides them; the loss stays here)
@@ -243,9 +260,11 @@ class TorchTrainer:
         self.opt.zero_grad(set_to_none=True)
 
     def _optimizer_step(self) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.opt.step()
-        return float(grad_norm)
+        """Clip and step; the gradient norm. A non-finite norm: no step (the caller counts it)."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+        if math.isfinite(grad_norm):
+            self.opt.step()
+        return grad_norm
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.lora is not None:
@@ -257,6 +276,9 @@ class TorchTrainer:
     def save_checkpoint(self, path: str | Path) -> str:
         """A Hugging Face model directory; with LoRA an adapter directory (peft's and vLLM's format) whose
         config names the base model, which ``rollart merge`` folds it into."""
+        from rollart_dask.data.weights.buckets import check_finite
+
+        check_finite(self.state_dict(), f"checkpoint of version {self.version}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)

@@ -70,6 +70,13 @@ def run(flow, overrides, scheduler, out, resume):
             result = run_sync(cfg, out_dir, resume=resume, on_step=on_step)
     except FlowError as e:
         raise click.ClickException(str(e))
+    except Exception as e:
+        partial = getattr(e, "partial", None)
+        if partial is None:  # failed before it ran (set-up): nothing to write
+            raise
+        (out_dir / "summary.json").write_text(json.dumps(partial, indent=2, default=str))
+        kept = f"\nmetrics: {out_dir / 'metrics.jsonl'}\nsummary: {out_dir / 'summary.json'}\ncheckpoint: {partial['checkpoint'] or 'none'}"
+        raise click.ClickException(f"the run stopped after {partial['steps']} steps: {e}{kept}") from None
     first, last = result["first"], result["last"]
     rows = []
     for task in first["eval"]:

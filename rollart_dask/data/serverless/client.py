@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
+from rollart_dask.data.reward_value import RewardValueError, reward_value
+
 TOKEN_ENV = "ROLLART_LAMBDA_TOKEN"
 LOCAL_ACCESS_KEY = "rollart"
 THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException", "EC2ThrottledException"}
@@ -169,12 +171,10 @@ def _attempt(client, function_name: str, payload: bytes, qualifier, log_tail: bo
         out = json.loads(body)
     except ValueError:
         raise RewardFunctionError(function_name, "InvalidResult", f"the response is not JSON: {body[:200]!r}", None, stats) from None
-    if isinstance(out, (int, float)) and not isinstance(out, bool):
-        out = {"score": float(out)}
-    if not isinstance(out, dict) or not isinstance(out.get("score"), (int, float)) or isinstance(out.get("score"), bool):
-        raise RewardFunctionError(function_name, "InvalidResult",
-                                  f"returned {str(out)[:200]}; expected a number or a dict with a numeric 'score'", None, stats)
-    return out
+    try:
+        return reward_value(function_name, out)
+    except RewardValueError as e:
+        raise RewardFunctionError(function_name, "InvalidResult", str(e), None, stats) from None
 
 
 def _delay(attempt: int, backoff: float, max_backoff: float) -> float:

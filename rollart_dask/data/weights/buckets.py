@@ -17,6 +17,18 @@ class WeightsIntegrityError(RuntimeError):
     """A pulled bucket does not match its manifest (checksum, size or version)."""
 
 
+class NonFiniteWeights(RuntimeError):
+    """Weights holding NaN or inf: never published nor checkpointed (every engine would then sample from NaN)."""
+
+
+def check_finite(state: dict, what: str) -> None:
+    """NonFiniteWeights naming the first tensors with a NaN or inf value (the EMULATED trainer's markers pass)."""
+    bad = [n for n, v in state.items() if hasattr(v, "is_floating_point") and v.is_floating_point() and not bool(v.isfinite().all())]
+    if bad:
+        raise NonFiniteWeights(f"{what}: {len(bad)} of {len(state)} weight tensors hold NaN or inf ({', '.join(bad[:3])}"
+                               f"{', ...' if len(bad) > 3 else ''}); they are neither published nor checkpointed")
+
+
 def _nbytes(value) -> int:
     return int(value.numel() * value.element_size()) if hasattr(value, "element_size") else 8
 
@@ -58,8 +70,10 @@ def sha256(data: bytes) -> str:
 
 
 def publish_buckets(state: dict, version: int, bucket_bytes: int) -> tuple[dict, list[bytes]]:
-    """(manifest, bucket bytes) of one version of ``state``; the manifest carries no data."""
+    """(manifest, bucket bytes) of one version of ``state``; the manifest carries no data. Weights that are not all
+    finite raise NonFiniteWeights: the check is part of this pass over every tensor."""
     t0 = time.perf_counter()
+    check_finite(state, f"weights v{version}")
     blobs, entries = [], []
     for i, names in enumerate(bucketize(state, bucket_bytes)):
         data, fmt = pack({n: state[n] for n in names})

@@ -1,0 +1,88 @@
+"""The circuit breaker on the user's code: a task whose env or reward keeps failing stops the run within seconds,
+naming the task, the call, the exception and its traceback, instead of relaunching trajectories that fail again.
+
+A user fault is what the user's code did (usercode.UserFunctionError from an env host or a reward runner, a Lambda
+function's own error, a reward value that is not a finite number, an env call that hung past rollout.env_timeout_s),
+never what the infrastructure did (a lost worker, an endpoint down): those stay with the recovery paths. Failures
+below the thresholds are counted and the run goes on. Pure: no cluster, testable alone.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+
+from rollart_dask.control.dispatch import CallFailed
+
+USER_TYPES = ("UserFunctionError:", "RewardValueError:", "RewardFunctionError:")
+CALLS = {"env-reset": "reset", "env-step": "step", "reward": "reward"}
+
+
+class UserCodeFailed(RuntimeError):
+    """One trajectory failed in the user's code: ``task``, ``call`` (reset / step / reward) and the error as reported."""
+
+    def __init__(self, task: str, call: str, detail: str):
+        super().__init__(f"task {task!r}: {call} failed: {detail}")
+        self.task, self.call, self.detail = task, call, detail
+
+
+class UserFault(RuntimeError):
+    """The run stopped because a task's user code failed past rollout.user_faults."""
+
+
+def is_user_fault(stage: str, e: BaseException) -> bool:
+    if isinstance(e, TimeoutError):  # the dispatcher's: an env call that outlived rollout.env_timeout_s hung in the user's env
+        return stage in ("env-reset", "env-step")
+    if isinstance(e, CallFailed):
+        reported = str(e).split(": ", 1)[-1]  # CallFailed reads "<stage>: <Type>: <message>"
+        return reported.startswith(USER_TYPES)
+    return False
+
+
+def as_user_fault(stage: str, task: str, e: BaseException) -> BaseException:
+    """``e`` as a UserCodeFailed when the user's code caused it, else ``e`` itself."""
+    if not is_user_fault(stage, e):
+        return e
+    detail = str(e).split(": ", 1)[-1].removeprefix("UserFunctionError: ") if isinstance(e, CallFailed) else f"{type(e).__name__}: {e}"
+    return UserCodeFailed(task, CALLS[stage], detail)
+
+
+class FaultBreaker:
+    """Per task: trips after ``consecutive`` failed trajectories in a row, or when more than ``share`` of its last
+    ``window`` ended failed (once ``window`` have ended). ``consecutive`` 0: never trips (failures are still counted)."""
+
+    def __init__(self, consecutive: int, share: float, window: int):
+        self.consecutive, self.share, self.window = consecutive, share, window
+        self.recent: dict[str, deque] = {}
+        self.in_a_row: Counter = Counter()
+        self.failures: Counter = Counter()  # (task, call) → failed trajectories
+        self.first: dict[str, UserCodeFailed] = {}  # task → its first failure (the traceback the error shows)
+        self.tripped = False
+
+    def ok(self, task: str) -> None:
+        self._recent(task).append(False)
+        self.in_a_row[task] = 0
+
+    def failed(self, e: UserCodeFailed) -> UserFault | None:
+        """Count one failed trajectory; the UserFault that stops the run once the task is past a threshold."""
+        recent = self._recent(e.task)
+        recent.append(True)
+        self.in_a_row[e.task] += 1
+        self.failures[e.task, e.call] += 1
+        self.first.setdefault(e.task, e)
+        if not self.consecutive or self.tripped:
+            return None
+        n, bad = len(recent), sum(recent)
+        if self.in_a_row[e.task] >= self.consecutive:
+            why = f"{self.in_a_row[e.task]} trajectories in a row failed"
+        elif n >= self.window and bad > self.share * n:
+            why = f"{bad} of its last {n} trajectories failed (more than rollout.user_faults.share={self.share})"
+        else:
+            return None
+        self.tripped = True  # once: the run is stopping
+        counts = ", ".join(f"{call} {k}" for (t, call), k in sorted(self.failures.items()) if t == e.task)
+        first = self.first[e.task]
+        return UserFault(f"stopped: task {e.task!r}: {why} in its {e.call}: {e.detail.splitlines()[0]}\n"
+                         f"failures so far by call: {counts}. The first one:\n{first.detail}\n"
+                         "(a fault of the task's env or reward code; the thresholds are rollout.user_faults)")
+
+    def _recent(self, task: str) -> deque:
+        return self.recent.setdefault(task, deque(maxlen=self.window))

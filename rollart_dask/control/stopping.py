@@ -1,0 +1,51 @@
+"""How a run (control/run.py, passed in) ends before its last step, never by hanging: the wall-clock deadline (trainer.max_minutes, honoured even
+when no step completes), a background task of the run that dies (it stops the run, named), and what a run that
+stopped on an error still writes (its summary; after a user fault, the trainer's weights too)."""
+from __future__ import annotations
+
+import asyncio
+import time
+from rollart_dask.control.breaker import UserFault
+from rollart_dask.observe import console
+
+
+def background(run, coros: dict) -> list[asyncio.Task]:
+    """The run's background tasks (name → coroutine), the deadline among them; one that dies fails the run."""
+    if run.cfg.trainer.max_minutes:
+        coros = {**coros, "deadline": deadline(run, run.cfg.trainer.max_minutes)}
+    tasks = [asyncio.ensure_future(c) for c in coros.values()]
+    for name, task in zip(coros, tasks):
+        task.add_done_callback(lambda task, name=name: _ended(run, name, task))
+    return tasks
+
+
+async def deadline(run, minutes: float) -> None:
+    await asyncio.sleep(max(0.0, minutes * 60 - (time.monotonic() - run.t_start)))
+    run.stop_reason = f"time limit of {minutes:g} min (trainer.max_minutes) reached"
+    run.request_stop()
+
+
+def _ended(run, name: str, task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None and not run._stopped:
+        e = task.exception()
+        run.fail(RuntimeError(f"the run's {name} task died: {type(e).__name__}: {e}"))
+
+
+async def stopped_with(run, error: Exception) -> dict:
+    """The summary of a run that stopped on ``error``. A user fault leaves the trainer sound: its weights are saved
+    (checked finite on the way); otherwise the last good checkpoint stands."""
+    checkpoint = run.recovery.base
+    if isinstance(error, UserFault):
+        await run.launcher.stop()  # no more trajectories to fail meanwhile
+        run.fatal = None  # (the trainer's calls below would raise it again)
+        run._fatal.clear()
+        try:
+            await asyncio.wait_for(run._finish_training(), 120)
+            checkpoint = await asyncio.wait_for(run.checkpoint(), 120) or checkpoint
+        except Exception as e:
+            console.print(f"no checkpoint at the stop ({type(e).__name__}: {e}); the last good one: {checkpoint}", markup=False)
+    return {"error": str(error), "stopped_by": type(error).__name__, "checkpoint": checkpoint,
+            "steps": run.published - (run.launcher.base_version if run.launcher else 0),
+            "elapsed_s": time.monotonic() - run.t_start, "first": run.history[0] if run.history else None,
+            "last": run.history[-1] if run.history else None,
+            "counts": {**run.buffer.counts, **run.counts, **(run.services.em.counts if run.services else {})}}

@@ -1,0 +1,121 @@
+"""A user's own reward and env code failing on a real run (the shared local cluster, the tiny model, FrozenLake):
+each ends in an error that names their function within seconds of the breaker's threshold, or, below it, in failures
+counted and never trained — never a hang, never a NaN trained or published. The code: tests/user_code/faults_mod.py."""
+import asyncio
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rollart_dask.config import load_flow
+from rollart_dask.control.breaker import UserFault
+from tests.conftest import close, flow_dict, start_run
+
+MOD = str(Path(__file__).parent / "user_code" / "faults_mod.py")
+TASK = {"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 6, "max_tokens": 2}
+
+
+def run_with(address, tmp_path, model_dir, run_async, task: dict, **over):
+    """(result or the exception the run ended with, its rows, seconds from the run's start to its end)."""
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "imports": [MOD], "tasks": [dict(TASK, **task)],
+                                      "rollout.user_faults": {"consecutive": 4}, "trainer.checkpoint_every": 1, **over}))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        t0 = time.monotonic()
+        try:
+            try:
+                out = await run.run()
+            except Exception as e:
+                out = e
+            return out, run.metrics.rows, time.monotonic() - t0
+        finally:
+            await close(run, client, cluster)
+
+    return run_async(go(), timeout=240)
+
+
+def stopped(out, *names: str) -> str:
+    assert isinstance(out, UserFault), out
+    text = str(out)
+    for name in names:
+        assert name in text, text
+    return text
+
+
+def test_a_reward_that_always_raises_stops_the_run_naming_the_function_and_its_traceback(address, tmp_path, model_dir, run_async):
+    out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:always_raises"})
+    text = stopped(out, "task 'frozenlake': 4 trajectories in a row failed in its reward",
+                   "faults_mod.always_raises) raised KeyError: 'no such key'", 'return trajectory["no such key"]')
+    assert seconds < 60, seconds
+    assert out.partial["stopped_by"] == "UserFault" and out.partial["counts"]["user_faults_reward"] >= 4 and out.partial["steps"] == 0
+    assert out.partial["checkpoint"], "a user fault leaves the trainer sound: its weights are saved"
+    assert not [r for r in rows if r["kind"] == "step"]  # nothing trained on a reward that never came
+    assert text.splitlines()[0].startswith("stopped: ")
+
+
+def test_nan_rewards_on_some_trajectories_are_failures_counted_never_trained(address, tmp_path, model_dir, run_async):
+    out, rows, _ = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:nan_on_even_turns"},
+                            **{"rollout.user_faults": {"consecutive": 0}, "trainer.steps": 3})
+    assert isinstance(out, dict), out
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert len(steps) == 3 and out["counts"]["user_faults_reward"] > 0 and out["counts"]["failed"] > 0
+    for r in steps:
+        assert all(math.isfinite(r[k]) for k in ("reward_mean", "loss", "grad_norm")) and r["nonfinite_skipped"] == 0
+    weights = load_file(str(Path(out["checkpoint"]) / "model.safetensors"))
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values())
+
+
+@pytest.mark.parametrize("reward, value", [("returns_string", "score '1.0' (str)"), ("returns_inf", "score inf")])
+def test_a_reward_value_that_is_not_a_finite_number_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, reward, value):
+    out, rows, _ = run_with(address, tmp_path, model_dir, run_async, {"reward": f"faults_mod:{reward}"})
+    stopped(out, "failed in its reward", value, "a finite number, or a dict with a finite numeric 'score'")
+
+
+@pytest.mark.parametrize("env, names", [
+    ("StepRaises", ("failed in its step", "StepRaises.step raised RuntimeError: the user's step is broken", "faults_mod.py")),
+    ("DictObservation", ("failed in its reset", "DictObservation.reset returned an observation of type dict", "is a string")),
+])
+def test_an_env_that_raises_or_returns_no_text_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, env, names):
+    out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": f"faults_mod:{env}"})
+    stopped(out, *names)
+    assert seconds < 60, seconds
+
+
+def test_an_env_step_that_hangs_past_its_timeout_stops_the_run(address, tmp_path, model_dir, run_async):
+    out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": "faults_mod:StepHangs"},
+                               **{"rollout.env_timeout_s": 2, "rollout.user_faults": {"consecutive": 2}, "eval.seeds": 1})
+    stopped(out, "failed in its step", "env-step on", "gave no answer in 2s")
+    assert seconds < 60, seconds
+
+
+def test_max_minutes_ends_a_run_on_time_even_when_no_step_completes(address, tmp_path, model_dir, run_async):
+    out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:always_raises"},
+                                  **{"rollout.user_faults": {"consecutive": 0}, "trainer.max_minutes": 0.25, "trainer.steps": 50})
+    assert isinstance(out, dict) and out["steps"] == 0 and out["counts"]["user_faults_reward"] > 0, out
+    assert seconds < 15 + 30, seconds  # the deadline, then the final evaluation (whose calls fail fast) and checkpoint
+
+
+def test_rollart_run_ends_a_user_fault_with_its_error_not_a_traceback_and_writes_the_summary(address, tmp_path):
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from rollart_dask.entry.cli import main
+
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(yaml.safe_dump(flow_dict(**{"imports": [MOD], "tasks": [dict(TASK, reward="faults_mod:always_raises")],
+                                                "rollout.user_faults": {"consecutive": 4}})))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", str(flow), "--scheduler", address, "--out", str(out)])
+    assert res.exit_code == 1 and not isinstance(res.exception, KeyError), res.output
+    text = " ".join(res.output.split())
+    assert "Error: the run stopped after 0 steps: stopped: task 'frozenlake': 4 trajectories in a row failed in its reward" in text
+    assert "Traceback (most recent call last)" not in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "UserFault" and "always_raises" in summary["error"] and summary["checkpoint"]
+    assert (out / "metrics.jsonl").exists()

@@ -1,0 +1,115 @@
+"""The user-fault guards that need no cluster: what a reward may return, the circuit breaker's thresholds, what counts as
+the user's fault, the trainer refusing a NaN/inf update, and non-finite weights never packed for publishing or saved."""
+import math
+
+import pytest
+import torch
+
+from rollart_dask.control.breaker import FaultBreaker, UserCodeFailed, as_user_fault, is_user_fault
+from rollart_dask.control.dispatch import CallFailed, WorkerLost
+from rollart_dask.data.reward_value import RewardValueError, reward_value
+from rollart_dask.data.weights.buckets import NonFiniteWeights, publish_buckets
+from rollart_dask.usercode import UserFunctionError, user_error
+
+
+@pytest.mark.parametrize("out, named", [
+    (float("nan"), "score nan"), ({"score": float("inf")}, "score inf"), (float("-inf"), "score -inf"),
+    ("1.0", "score '1.0' (str)"), (None, "score None (NoneType)"), ({"success": True}, "a dict without 'score' (keys ['success'])"),
+    (True, "score True (bool)"), ({"score": [1.0]}, "score [1.0] (list)"),
+])
+def test_a_reward_that_is_not_a_finite_number_is_an_error_naming_the_value(out, named):
+    with pytest.raises(RewardValueError) as e:
+        reward_value("mine", out)
+    assert f"reward 'mine' returned {named}" in str(e.value) and "a finite number, or a dict with a finite numeric 'score'" in str(e.value)
+    assert isinstance(e.value, UserFunctionError)  # the user's fault: counted per task by the breaker
+
+
+def test_finite_rewards_pass_as_floats_with_their_other_fields():
+    assert reward_value("r", 1) == {"score": 1.0}
+    assert reward_value("r", {"score": 0, "success": False}) == {"score": 0.0, "success": False}
+
+
+def fault(task="t", call="reward"):
+    return UserCodeFailed(task, call, "reward 'r' raised KeyError: 'x'\n  File \"mod.py\", line 3")
+
+
+def test_the_breaker_trips_after_k_failures_in_a_row_of_one_task_and_an_ok_resets_the_run():
+    b = FaultBreaker(consecutive=3, share=0.9, window=100)
+    assert b.failed(fault()) is None and b.failed(fault()) is None
+    b.ok("t")  # a finished trajectory of the task breaks the row
+    assert b.failed(fault()) is None and b.failed(fault()) is None
+    assert b.failed(fault("other")) is None  # per task
+    stop = b.failed(fault())
+    assert stop is not None
+    text = str(stop)
+    assert "task 't': 3 trajectories in a row failed in its reward: reward 'r' raised KeyError: 'x'" in text
+    assert 'File "mod.py", line 3' in text and "failures so far by call: reward 5" in text
+
+
+def test_the_breaker_trips_on_a_share_of_the_last_window_and_never_with_consecutive_zero():
+    b = FaultBreaker(consecutive=100, share=0.5, window=10)
+    for i in range(20):  # every other one fails: not more than half
+        assert (b.failed(fault(call="step")) if i % 2 else b.ok("t")) is None
+    stop = b.failed(fault(call="step"))  # 6 of the last 10
+    assert stop is not None and "6 of its last 10 trajectories failed" in str(stop)
+    assert b.failed(fault(call="step")) is None  # once: the run is stopping
+    off = FaultBreaker(consecutive=0, share=0.5, window=10)
+    assert all(off.failed(fault()) is None for _ in range(50)) and off.failures["t", "reward"] == 50
+
+
+def test_only_the_users_code_is_a_user_fault_never_the_infrastructure():
+    assert is_user_fault("reward", CallFailed("reward: RewardFunctionError: handler raised"))
+    assert is_user_fault("env-step", CallFailed("env-step: UserFunctionError: MyEnv.step raised ValueError: x"))
+    assert is_user_fault("env-step", TimeoutError("env-step on cpu-0 gave no answer in 30s"))  # a hung env
+    assert not is_user_fault("reward", TimeoutError("reward on reward-0 gave no answer in 30s"))
+    assert not is_user_fault("reward", CallFailed("reward: RewardUnavailable: endpoint down"))
+    assert not is_user_fault("env-step", CallFailed("env-step: KeyError: no env for trajectory t on this worker"))
+    assert not is_user_fault("env-step", WorkerLost("gone"))
+    e = CallFailed("env-reset: UserFunctionError: MyEnv.reset raised KeyError: 'x'")
+    f = as_user_fault("env-reset", "maze", e)
+    assert isinstance(f, UserCodeFailed) and (f.task, f.call) == ("maze", "reset") and f.detail.startswith("MyEnv.reset raised KeyError")
+
+
+def test_user_error_keeps_the_innermost_frames_of_the_users_traceback():
+    def users_reward(t):
+        return t["missing"]
+
+    try:
+        users_reward({})
+    except KeyError as e:
+        err = user_error("reward 'mine' (mod.users_reward)", e)
+    first, *frames = str(err).splitlines()
+    assert first == "reward 'mine' (mod.users_reward) raised KeyError: 'missing'"
+    assert any("users_reward" in line for line in frames) and any('return t["missing"]' in line for line in frames)
+
+
+def test_non_finite_weights_are_never_packed_for_publishing():
+    ok = {"a": torch.ones(3), "b": torch.zeros(2, dtype=torch.int64)}
+    publish_buckets(ok, 1, 1 << 20)
+    with pytest.raises(NonFiniteWeights, match=r"weights v2: 1 of 3 weight tensors hold NaN or inf \(c\)"):
+        publish_buckets({**ok, "c": torch.tensor([1.0, math.nan])}, 2, 1 << 20)
+
+
+def test_the_trainer_skips_and_counts_a_nan_update_and_stops_after_three_in_a_row(model_dir, tmp_path):
+    from rollart_dask.data.trainer_torch import NONFINITE_LIMIT, NonFiniteUpdate, TorchTrainer
+
+    trainer = TorchTrainer(str(model_dir), lr=1e-2)
+    prompt = trainer.tokenizer.encode("ab")
+    sample = {"prompt_ids": prompt, "response_ids": prompt[:1], "logprobs": [-1.0], "allowed_ids": None, "advantage": 1.0}
+    before = {k: v.clone() for k, v in trainer.state_dict().items()}
+    for n in range(1, NONFINITE_LIMIT):
+        stats = trainer.train_step([dict(sample, advantage=math.nan), sample])
+        assert stats["nonfinite_skipped"] == 1 and stats["version"] == n
+        assert all(torch.equal(before[k], v) for k, v in trainer.state_dict().items())  # nothing applied
+    trainer.save_checkpoint(tmp_path / "ok")  # still finite: saved
+    assert trainer.train_step([sample])["nonfinite_skipped"] == 0 and trainer.nonfinite_in_a_row == 0  # a sound one resets the row
+    assert any(not torch.equal(before[k], v) for k, v in trainer.state_dict().items())
+    for _ in range(NONFINITE_LIMIT - 1):
+        trainer.train_step([dict(sample, advantage=math.inf)])
+    with pytest.raises(NonFiniteUpdate, match=r"NaN/inf at 3 updates in a row, the last the update after version 5"):
+        trainer.train_step([dict(sample, advantage=math.inf)])
+    with torch.no_grad():
+        next(p for p in trainer.model.parameters() if p.requires_grad).fill_(math.nan)
+    with pytest.raises(NonFiniteWeights, match="checkpoint of version"):
+        trainer.save_checkpoint(tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
