@@ -20,7 +20,8 @@ from rollart_dask.resource.pools import AFFINITY_POOL, ENGINE_POOLS, EnginePool,
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # (allow_inf_nan: a weight of .inf or a NaN learning rate passes gt=0, and breaks the run later)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class WorkerSpec(Strict):
@@ -476,7 +477,8 @@ class EmulationConfig(Strict):
 class EvalConfig(Strict):
     every: int = Field(10, ge=0, description="steps between held-out evaluations (0 = only first and last)")
     seeds: int = Field(200, ge=1, description="held-out seeds per task")
-    start_seed: int = Field(1_000_000, description="held-out seeds are start_seed .. start_seed+seeds-1; training seeds lie below")
+    start_seed: int = Field(1_000_000, ge=1000, description="held-out seeds are start_seed .. start_seed+seeds-1; training seeds are "
+                                                             "drawn below it (so at least 1000 of them)")
     retries: int = Field(2, ge=0, description="rounds in which the held-out seeds whose trajectory failed (an error, not a wrong answer) are "
                                                "played again; seeds still failing make the evaluation incomplete: reported with why, never as a score")
 
@@ -567,6 +569,10 @@ class FlowConfig(Strict):
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"tasks: names must be unique, got {names}")
+        single = [t.name for t in self.tasks if (t.group_size or self.rollout.group_size) == 1]
+        if single and not self.emulated:
+            raise ValueError(f"group_size 1 (tasks {single}): the {self.trainer.advantage} advantage is each reward minus its group's "
+                             "mean, so a group of one has advantage 0 and trains nothing but the entropy bonus; use a group_size of 2 or more")
         unknown = sorted(set(self.warmstart.tasks or []) - set(names))
         if unknown:
             raise ValueError(f"warmstart.tasks: unknown task(s) {unknown}; tasks of this flow: {names}")
@@ -724,8 +730,18 @@ def _models_in(ann):
         yield from _models_in(a)
 
 
-def _parse_value(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
+def _parse_value(text: str, key: str = "") -> Any:
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError as e:
+        raise FlowError(f"--set {key}={text}: the value is not valid YAML ({_yaml_problem(e)}); quote it to set a string") from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """The parser's complaint and where, in one line (a flow file: its line and column, counted from 1)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + (getattr(e, "problem", None) or str(e).splitlines()[0])
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
@@ -740,9 +756,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = _child(node, part, key, create=True)
         last = parts[-1]
         if isinstance(node, list):
-            node[_index(node, last, key)] = _parse_value(value)
+            node[_index(node, last, key)] = _parse_value(value, key)
         else:
-            node[last] = _parse_value(value)
+            node[last] = _parse_value(value, key)
     return data
 
 
@@ -782,7 +798,10 @@ def load_flow(path: str | Path | None = None, overrides: list[str] | None = None
             except usercode.UserCodeError as e:
                 raise FlowError(str(e)) from None
         else:
-            data = yaml.safe_load(p.read_text()) or {}
+            try:
+                data = yaml.safe_load(p.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise FlowError(f"{p}: not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(data, dict):
             raise FlowError(f"{p}: a flow is a YAML mapping at top level")
     data = apply_overrides(copy.deepcopy(data), list(overrides or []))  # the caller's dict is left as it was

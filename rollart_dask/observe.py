@@ -15,6 +15,31 @@ from rollart_dask.trackers import TRACKERS
 console = Console(stderr=True)
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl; a last line cut short (a run killed mid-write, or still writing) is left out."""
+    lines = path.read_text().splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n < len(lines):
+                raise ValueError(f"{path} line {n}: not JSON") from None
+    return rows
+
+
+def drop_cut_line(path: Path) -> None:
+    """Cut a file of lines back to its last whole line (its writer died mid-line)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+        console.print(f"{path}: its last line was cut short (the run stopped mid-write): left out", markup=False, style="yellow")
+
+
 class MetricsWriter:
     """metrics.jsonl, always; every row also goes to the trackers ``observe.loggers`` names (trackers.py)."""
 
@@ -28,6 +53,7 @@ class MetricsWriter:
         except BaseException:  # (an extra not installed, a server refusing): the runs already started end, not dangle
             self.close()
             raise
+        drop_cut_line(self.path)  # (a resumed run appends: a cut last row would be followed by a whole one)
         self._f = self.path.open("a")
         self.rows: list[dict] = []
 

@@ -1,6 +1,7 @@
 """The user-fault guards that need no cluster: what a reward may return, the circuit breaker's thresholds, what counts as
 the user's fault, the trainer refusing a NaN/inf update, and non-finite weights never packed for publishing or saved."""
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,3 +114,74 @@ def test_the_trainer_skips_and_counts_a_nan_update_and_stops_after_three_in_a_ro
     with pytest.raises(NonFiniteWeights, match="checkpoint of version"):
         trainer.save_checkpoint(tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("override, named", [
+    ("eval.start_seed=0", "eval.start_seed: Input should be greater than or equal to 1000"),
+    ("tasks.frozenlake.weight=.inf", "tasks.0.weight: Input should be a finite number"),
+    ("trainer.lr=.nan", "trainer.lr: Input should be a finite number"),
+    ("rollout.env_timeout_s=.inf", "rollout.env_timeout_s: Input should be a finite number"),
+    ("rollout.group_size=1", "group_size 1 (tasks ['frozenlake']): the grpo advantage is each reward minus its group's mean"),
+    ("rollout.group_size=[1", "--set rollout.group_size=[1: the value is not valid YAML (line 1, column 3: expected ',' or ']'"),
+])
+def test_flow_values_that_would_break_a_run_are_refused_at_load_naming_the_key(override, named):
+    from rollart_dask.config import FlowError, load_flow
+
+    with pytest.raises(FlowError) as e:
+        load_flow(Path(__file__).parent.parent / "flows" / "quickstart.yaml", [override])
+    assert named in " ".join(str(e.value).split())
+
+
+def test_a_malformed_flow_file_is_a_flow_error_naming_its_line(tmp_path):
+    from rollart_dask.config import FlowError, load_flow
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntasks:\n  - name: a\n   env: b\n")
+    with pytest.raises(FlowError, match=r"bad.yaml: not valid YAML: line 4, column 4: expected <block end>"):
+        load_flow(bad)
+
+
+class _Planted:
+    def __reduce__(self):  # what a tampered trainer_state.pt would run on load, were it unpickled
+        return (exec, ("open('PLANTED', 'w').write('ran')",))
+
+
+def test_trainer_state_is_loaded_without_unpickling_code(model_dir, tmp_path, monkeypatch):
+    import pickle
+
+    from rollart_dask.data.trainer_torch import TorchTrainer
+
+    monkeypatch.chdir(tmp_path)
+    trainer = TorchTrainer(str(model_dir), lr=1e-2)
+    prompt = trainer.tokenizer.encode("ab")
+    trainer.train_step([{"prompt_ids": prompt, "response_ids": prompt[:1], "logprobs": [-1.0], "allowed_ids": None, "advantage": 1.0}])
+    path = Path(trainer.save_checkpoint(tmp_path / "ckpt"))
+    assert TorchTrainer(str(model_dir), lr=1e-2).restore(path) == 1  # optimizer state and version load as plain data
+    torch.save({"optimizer": trainer.opt.state_dict(), "version": 1, "x": _Planted()}, path / "trainer_state.pt", pickle_module=pickle)
+    with pytest.raises(pickle.UnpicklingError):
+        TorchTrainer(str(model_dir), lr=1e-2).restore(path)
+    assert not (tmp_path / "PLANTED").exists()
+
+
+def test_a_cut_last_metrics_line_is_left_out_by_readers_and_cut_before_a_resumed_run_appends(tmp_path):
+    from rollart_dask.observe import MetricsWriter, read_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "step", "step": 1}\n{"kind": "st')
+    assert read_rows(path) == [{"kind": "step", "step": 1}]
+    w = MetricsWriter(tmp_path)  # (a resumed run)
+    w.write({"kind": "step", "step": 2})
+    w.close()
+    assert [r["step"] for r in read_rows(path)] == [1, 2]
+    path.write_text('{"kind": "st\n{"kind": "step", "step": 1}\n')
+    with pytest.raises(ValueError, match="line 1: not JSON"):  # a cut line that is not the last is damage, said
+        read_rows(path)
+
+
+def test_resume_refuses_an_empty_latest_pointer(tmp_path, run_async):
+    from rollart_dask.control.wiring import restore
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"latest names '', which is not a checkpoint directory"):
+        run_async(restore(None, tmp_path))

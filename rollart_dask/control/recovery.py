@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -177,7 +178,9 @@ class TrainerRecovery:
                     return None
                 after = None
                 await asyncio.sleep(FINAL_WAIT_S)
-        (root / "latest").write_text(saved)
+        pointer = root / "latest.tmp"  # written whole, then renamed: a crash never leaves an empty or half pointer
+        pointer.write_text(saved)
+        os.replace(pointer, root / "latest")
         self.checkpointed(saved, version)
         return saved
 

@@ -87,6 +87,9 @@ async def restore(s: Services, out: Path, checkpoint: Path | None = None) -> tup
     if checkpoint is None and not latest.exists():
         raise FileNotFoundError(f"--resume: no checkpoint under {latest.parent}")
     path = str(Path(checkpoint).resolve()) if checkpoint is not None else latest.read_text().strip()
+    if not path or not Path(path).is_dir():  # (an empty pointer would restore from the current directory)
+        raise FileNotFoundError(f"--resume: {latest if checkpoint is None else 'the checkpoint'} names {path!r}, which is not a "
+                                "checkpoint directory (rewrite it with the path of one of the run's checkpoints/step-N)")
     fut = s.d.submit_one("restore", tasks.trainer_restore, path, pool="TRAIN", worker=s.trainer)
     version = await fut
     s.weights.publish(version, s.proxy.pool_of, after=fut, setup=True)

@@ -333,7 +333,7 @@ class MegatronTrainer(TorchTrainer):
 
         path = Path(path)
         self.load_hf_weights(load_file(str(path / "model.safetensors")))
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = torch.load(path / "trainer_state.pt", weights_only=True)  # (never unpickles code: a shared run directory is not trusted)
         self.opt.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         return self.version

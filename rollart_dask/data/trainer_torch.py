@@ -300,7 +300,7 @@ class TorchTrainer:
             adapters.load_adapter(self.model, load_file(str(path / adapters.ADAPTER_FILE)))
         else:
             self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = torch.load(path / "trainer_state.pt", weights_only=True)  # (never unpickles code: a shared run directory is not trusted)
         self.opt.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         return self.version

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from rollart_dask.config import FlowError
+from rollart_dask.observe import read_rows
 
 
 def _interval(value: float, ci: list[float], digits: int = 2) -> str:
@@ -99,7 +100,7 @@ def run_row(run_dir: Path) -> dict:
     from rollart_dask.algo.heldout import incomplete_note, is_complete
 
     flow = yaml.safe_load((run_dir / "flow.yaml").read_text()) if (run_dir / "flow.yaml").exists() else {}
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open() if line.strip()]
+    rows = read_rows(run_dir / "metrics.jsonl")
     steps = [r for r in rows if r.get("kind") == "step"]
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("eval")]
     rollout = flow.get("rollout", {})
