@@ -1,6 +1,8 @@
-"""A user's own reward and env code failing on a real run (the shared local cluster, the tiny model, FrozenLake):
-each ends in an error that names their function within seconds of the breaker's threshold, or, below it, in failures
-counted and never trained — never a hang, never a NaN trained or published. The code: tests/user_code/faults_mod.py."""
+"""A user's own reward and env code failing on a real run (the shared local cluster, the tiny model, FrozenLake): what
+fails at once is refused by the pre-flight, every problem listed, before anything generates; what fails only on the
+run's trajectories ends in an error that names their function within seconds of the breaker's threshold, or, below
+it, in failures counted and never trained — never a hang, never a NaN trained or published. The code:
+tests/user_code/faults_mod.py."""
 import asyncio
 import math
 import time
@@ -16,6 +18,46 @@ from tests.conftest import close, flow_dict, start_run
 
 MOD = str(Path(__file__).parent / "user_code" / "faults_mod.py")
 TASK = {"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 6, "max_tokens": 2}
+
+
+BAD_TASKS = [dict(TASK, name="bad-reward", reward="faults_mod:always_raises"), dict(TASK, name="bad-step", env="faults_mod:StepRaises"),
+             dict(TASK, name="no-such-env", env="nosuchenv"), dict(TASK, name="dict-obs", env="faults_mod:DictObservation"),
+             dict(TASK, name="inf-reward", reward="faults_mod:returns_inf"), dict(TASK, name="string-reward", reward="faults_mod:returns_string"),
+             dict(TASK, name="bad-args", env_args={"sizee": 3})]
+PREFLIGHT_SAYS = ["task 'bad-reward': reward: reward 'faults_mod:always_raises' (faults_mod.always_raises) raised KeyError: 'no such key'",
+                  "task 'bad-step': env: StepRaises.step raised RuntimeError: the user's step is broken",
+                  "task 'no-such-env': env: env 'nosuchenv' with env_args {} raised UnknownName: unknown env 'nosuchenv'; registered:",
+                  "task 'dict-obs': env: DictObservation.reset returned an observation of type dict",
+                  "reward 'faults_mod:returns_inf' returned score inf", "reward 'faults_mod:returns_string' returned score '1.0' (str)",
+                  "task 'bad-args': env: env 'frozenlake' with env_args {'sizee': 3} raised TypeError"]
+
+
+def test_the_preflight_lists_every_tasks_failing_env_and_reward_before_anything_generates(address, tmp_path, model_dir, run_async):
+    from rollart_dask.control.preflight import PreflightError
+
+    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "imports": [MOD], "tasks": [TASK, *BAD_TASKS]}))
+    with pytest.raises(PreflightError) as e:
+        run_async(start_run(cfg, tmp_path, model_dir), timeout=120)
+    text = str(e.value)
+    assert text.startswith("pre-flight: 7 of 8 tasks fail before any generation") and "task 'frozenlake'" not in text
+    for said in PREFLIGHT_SAYS:
+        assert said in text, said
+    assert 'return trajectory["no such key"]' in text  # the user's traceback
+
+
+def test_rollart_check_runs_the_preflight_alone(address, tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from rollart_dask.entry.cli import main
+
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(yaml.safe_dump(flow_dict(**{"imports": [MOD], "tasks": [TASK, *BAD_TASKS[:2]]})))
+    res = CliRunner().invoke(main, ["check", str(flow), "--scheduler", address])
+    assert res.exit_code == 1 and "pre-flight: 2 of 3 tasks fail before any generation" in res.output, res.output
+    flow.write_text(yaml.safe_dump(flow_dict(**{"imports": [MOD], "tasks": [TASK]})))
+    res = CliRunner().invoke(main, ["check", str(flow), "--scheduler", address])
+    assert res.exit_code == 0 and "pre-flight passed: 1 task(s)" in res.output and "task frozenlake: env played" in res.output, res.output
 
 
 def run_with(address, tmp_path, model_dir, run_async, task: dict, **over):
@@ -46,10 +88,10 @@ def stopped(out, *names: str) -> str:
     return text
 
 
-def test_a_reward_that_always_raises_stops_the_run_naming_the_function_and_its_traceback(address, tmp_path, model_dir, run_async):
-    out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:always_raises"})
+def test_a_reward_that_raises_on_the_runs_trajectories_stops_the_run_naming_the_function_and_its_traceback(address, tmp_path, model_dir, run_async):
+    out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:raises_later"})
     text = stopped(out, "task 'frozenlake': 4 trajectories in a row failed in its reward",
-                   "faults_mod.always_raises) raised KeyError: 'no such key'", 'return trajectory["no such key"]')
+                   "faults_mod.raises_later) raised KeyError: 'no such key'", 'else trajectory["no such key"]')
     assert seconds < 60, seconds
     assert out.partial["stopped_by"] == "UserFault" and out.partial["counts"]["user_faults_reward"] >= 4 and out.partial["steps"] == 0
     assert out.partial["checkpoint"], "a user fault leaves the trainer sound: its weights are saved"
@@ -69,31 +111,31 @@ def test_nan_rewards_on_some_trajectories_are_failures_counted_never_trained(add
     assert all(bool(torch.isfinite(t).all()) for t in weights.values())
 
 
-@pytest.mark.parametrize("reward, value", [("returns_string", "score '1.0' (str)"), ("returns_inf", "score inf")])
+@pytest.mark.parametrize("reward, value", [("string_later", "score '1.0' (str)"), ("inf_later", "score inf")])
 def test_a_reward_value_that_is_not_a_finite_number_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, reward, value):
     out, rows, _ = run_with(address, tmp_path, model_dir, run_async, {"reward": f"faults_mod:{reward}"})
     stopped(out, "failed in its reward", value, "a finite number, or a dict with a finite numeric 'score'")
 
 
 @pytest.mark.parametrize("env, names", [
-    ("StepRaises", ("failed in its step", "StepRaises.step raised RuntimeError: the user's step is broken", "faults_mod.py")),
-    ("DictObservation", ("failed in its reset", "DictObservation.reset returned an observation of type dict", "is a string")),
+    ("StepRaisesLater", ("failed in its step", "StepRaisesLater.step raised RuntimeError: the user's step is broken", "faults_mod.py")),
+    ("DictObservationLater", ("failed in its step", "DictObservationLater.step returned an observation of type dict", "is a string")),
 ])
-def test_an_env_that_raises_or_returns_no_text_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, env, names):
+def test_an_env_that_raises_or_returns_no_text_on_the_runs_trajectories_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, env, names):
     out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": f"faults_mod:{env}"})
     stopped(out, *names)
     assert seconds < 60, seconds
 
 
 def test_an_env_step_that_hangs_past_its_timeout_stops_the_run(address, tmp_path, model_dir, run_async):
-    out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": "faults_mod:StepHangs"},
+    out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": "faults_mod:StepHangsLater"},
                                **{"rollout.env_timeout_s": 2, "rollout.user_faults": {"consecutive": 2}, "eval.seeds": 1})
     stopped(out, "failed in its step", "env-step on", "gave no answer in 2s")
     assert seconds < 60, seconds
 
 
 def test_max_minutes_ends_a_run_on_time_even_when_no_step_completes(address, tmp_path, model_dir, run_async):
-    out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:always_raises"},
+    out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:raises_later"},
                                   **{"rollout.user_faults": {"consecutive": 0}, "trainer.max_minutes": 0.25, "trainer.steps": 50})
     assert isinstance(out, dict) and out["steps"] == 0 and out["counts"]["user_faults_reward"] > 0, out
     assert seconds < 15 + 30, seconds  # the deadline, then the final evaluation (whose calls fail fast) and checkpoint
@@ -108,7 +150,7 @@ def test_rollart_run_ends_a_user_fault_with_its_error_not_a_traceback_and_writes
     from rollart_dask.entry.cli import main
 
     flow = tmp_path / "flow.yaml"
-    flow.write_text(yaml.safe_dump(flow_dict(**{"imports": [MOD], "tasks": [dict(TASK, reward="faults_mod:always_raises")],
+    flow.write_text(yaml.safe_dump(flow_dict(**{"imports": [MOD], "tasks": [dict(TASK, reward="faults_mod:raises_later")],
                                                 "rollout.user_faults": {"consecutive": 4}})))
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["run", str(flow), "--scheduler", address, "--out", str(out)])
@@ -117,5 +159,5 @@ def test_rollart_run_ends_a_user_fault_with_its_error_not_a_traceback_and_writes
     assert "Error: the run stopped after 0 steps: stopped: task 'frozenlake': 4 trajectories in a row failed in its reward" in text
     assert "Traceback (most recent call last)" not in res.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["stopped_by"] == "UserFault" and "always_raises" in summary["error"] and summary["checkpoint"]
+    assert summary["stopped_by"] == "UserFault" and "raises_later" in summary["error"] and summary["checkpoint"]
     assert (out / "metrics.jsonl").exists()

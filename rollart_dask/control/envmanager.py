@@ -195,7 +195,7 @@ class EnvManager:
                 in_barrier = False
             traj.info = dict(final_info, truncated=not term)  # out of turns (or a failed last step) rather than an ending
             self.stage[tid] = "reward"
-            score = await self._reward(task, traj)
+            score = await self.score(task, traj)
             traj.reward = float(score["score"])
             traj.info["reward"] = score
             return traj
@@ -216,7 +216,8 @@ class EnvManager:
             self._freed.set()
             self.proxy.forget(tid)
 
-    async def _reward(self, task: TaskConfig, traj: Trajectory) -> dict:
+    async def score(self, task: TaskConfig, traj: Trajectory) -> dict:
+        """The task's reward of a played trajectory, where the run scores it (retried; a user fault raised as UserCodeFailed)."""
         item = {"reward": task.reward, "function": self.reward_functions.get(task.reward), "trajectory": traj.for_reward()}
         pool = "REWARD" if task.reward in self.stateful_rewards else self.reward_pool  # a judge stays local in either mode
         for attempt in range(self.rollout.retries + 1):

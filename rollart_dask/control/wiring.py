@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from rollart_dask.config import FlowConfig, check_pd_backend, resolve_engine_backend
+from rollart_dask.control import preflight
 from rollart_dask.control.dispatch import Dispatcher
 from rollart_dask.control.envmanager import EnvManager
 from rollart_dask.control.proxy import LLMProxy
@@ -40,12 +41,14 @@ class Services:
     em: EnvManager
     engine_backend: str
     layout: dict[str, list[str]]  # engine pool → its engine workers' names
+    preflight: dict | None = None  # each task's pre-flight episode: its turns and reward (control/preflight.py)
 
 
-async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatcher, start_endpoint: Callable | None = None,
-               on_weights: Callable[[WeightStore], None] | None = None) -> Services:
+async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path | None, d: Dispatcher, start_endpoint: Callable | None = None,
+               on_weights: Callable[[WeightStore], None] | None = None, until_preflight: bool = False) -> Services:
     """Check the cluster and start every service; ``on_weights`` sees the weight store as soon as it
-    exists, so a failure later in set-up can still close it (a local mooncake_master)."""
+    exists, so a failure later in set-up can still close it (a local mooncake_master). ``until_preflight``: stop after
+    the pre-flight (control/preflight.py), before any model loads (`rollart check`)."""
     backend = resolve_engine_backend(cfg.engine)
     if cfg.rollout.pd:  # engine.backend auto resolves only now: vllm cannot disaggregate here
         check_pd_backend(backend)
@@ -67,8 +70,6 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
     rewards = RewardPlane(cfg, out, start_endpoint)
     reward_spec = await rewards.start()
     await client.register_plugin(plugins.RewardPlugin([rewards.pool], **reward_spec), name=plugins.REWARD)
-    await client.register_plugin(plugins.engine_plugin(cfg, pools, str(model_dir), backend), name=plugins.ENGINE)
-    await client.register_plugin(plugins.trainer_plugin(cfg, str(model_dir)), name=plugins.TRAINER)
     # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
     # one batch per call)
     proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated,
@@ -78,7 +79,14 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path, d: Dispatche
                     reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.kept_local,
                     reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})
     layout = {p: [poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
-    return Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
+    services = Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
+    if not cfg.emulated:  # the user's envs and rewards, before the models load and anything generates
+        services.preflight = await preflight.check(cfg, services)
+    if until_preflight:
+        return services
+    await client.register_plugin(plugins.engine_plugin(cfg, pools, str(model_dir), backend), name=plugins.ENGINE)
+    await client.register_plugin(plugins.trainer_plugin(cfg, str(model_dir)), name=plugins.TRAINER)
+    return services
 
 
 async def restore(s: Services, out: Path, checkpoint: Path | None = None) -> tuple[str, int]:

@@ -5,6 +5,7 @@ to the worker that reset it. An env is closed when its episode ends.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import threading
@@ -233,6 +234,40 @@ def expert_demos(item: dict) -> list[dict]:
     finally:
         env.close()
     return demos
+
+
+def preflight_episode(item: dict) -> dict:
+    """One episode of a task's env before the run generates anything: made, reset, stepped with its expert's action
+    (else its first allowed action, else a plain answer) to its end or max_turns. Its turns and final info, for the
+    reward to be called on; what the user's env does wrong raises UserFunctionError, named."""
+    try:
+        env = make_env(item["env"], **item.get("env_args", {}))
+    except Exception as e:
+        raise user_error(f"env {item['env']!r} with env_args {item.get('env_args', {})}", e) from e
+    turns, info, terminated = [], {}, False
+    try:
+        try:
+            obs, info = env.reset(seed=item["seed"])
+        except Exception as e:
+            raise user_error(f"{_name(env)}.reset", e) from e
+        _check_observation(env, "reset", obs)
+        choices = list(getattr(env, "action_choices", None) or [])
+        for _ in range(item["max_turns"]):
+            expert = getattr(env, "expert_action", None)
+            action = (expert() if callable(expert) else None) or (choices[0] if choices else "0")
+            try:
+                nobs, reward, terminated, truncated, info = env.step(action)
+            except Exception as e:
+                raise user_error(f"{_name(env)}.step", e) from e
+            _check_observation(env, "step", nobs)
+            turns.append({"observation": obs, "action": action, "env_reward": float(reward)})
+            obs = nobs
+            if terminated or truncated:
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
+    return {"turns": turns, "info": dict(info, truncated=not terminated)}
 
 
 def _name(env) -> str:

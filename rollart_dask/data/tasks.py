@@ -246,6 +246,12 @@ def trainer_warm_start(demos: list[dict], steps: int, batch: int, lr: float, see
     return service(TRAINER).warm_start(demos, steps, batch, lr, seed, shares)
 
 
+def env_preflight(item: dict) -> dict:
+    from rollart_dask.data.envhost import preflight_episode
+
+    return preflight_episode(item)
+
+
 def env_expert_demos(item: dict) -> list[dict]:
     from rollart_dask.data.envhost import expert_demos
 

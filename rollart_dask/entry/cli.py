@@ -128,6 +128,28 @@ def run(flow, overrides, scheduler, out, resume):
 
 @main.command()
 @click.argument("flow", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, as for `rollart run`")
+@click.option("--scheduler", default=None, metavar="ADDR", help="attach to an existing Dask scheduler (default: the flow's cluster)")
+def check(flow, overrides, scheduler):
+    """The run's pre-flight without training: each task's env plays one episode (its expert's actions, else its first
+    allowed action) and its reward is called on it, as the run would; every problem found is listed (non-zero exit)."""
+    import tempfile
+
+    from rollart_dask.entry.check import preflight_flow
+
+    try:
+        cfg = load_flow(flow, [*overrides, *([f"cluster.scheduler={scheduler}"] if scheduler else [])])
+        with tempfile.TemporaryDirectory(prefix="rollart-check-") as out:
+            found = asyncio.run(preflight_flow(cfg, Path(out)))
+    except FlowError as e:
+        raise click.ClickException(str(e))
+    for task, r in found.items():
+        click.echo(f"task {task}: env played {r['turns']} turn(s); reward {r['reward'].get('score')} ({r['reward']})")
+    click.echo(f"pre-flight passed: {len(found)} task(s)")
+
+
+@main.command()
+@click.argument("flow", type=click.Path(dir_okay=False))
 @click.option("--scenario", default="all", show_default=True, help="a scenario name, or all (the baseline always runs first)")
 @click.option("--steps", default=6, show_default=True, help="training steps per run")
 @click.option("--seed", default=0, show_default=True, help="seed of the fault schedule")
