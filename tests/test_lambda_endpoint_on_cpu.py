@@ -62,7 +62,7 @@ def endpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(endpoint):
-    return make_lambda_client(endpoint.url, timeout_s=30)
+    return make_lambda_client(endpoint.url, timeout_s=30, token=endpoint.token)
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_cold_start_then_warm_reuse(client, custom):
 
 def test_scale_to_zero_after_keep_warm(tmp_path):
     with start_local_endpoint(state_dir=tmp_path / "state", keep_warm_s=0.5) as ep:
-        c = make_lambda_client(ep.url)
+        c = make_lambda_client(ep.url, token=ep.token)
         deploy_zip(c, "z", custom_zip(tmp_path, 1), "custom_reward.handler")
         r1, s1 = invoke_reward(c, "z", {})
         st = stats_of(ep, "z")
@@ -335,7 +335,7 @@ def test_step_figures_go_on_while_the_endpoint_restarts(tmp_path):
     plane = RewardPlane(load_flow(data=flow_dict(**{"reward.mode": "serverless"})), tmp_path)
     with start_local_endpoint(state_dir=tmp_path / "state", mode="process") as ep:
         plane.endpoint = ep
-        client = make_lambda_client(ep.url)
+        client = make_lambda_client(ep.url, token=ep.token)
         deploy("fl", "frozenlake", client)
         traj = {"task": "frozenlake", "info": {"success": True, "malformed": 0}, "turns": []}
         for _ in range(3):
@@ -359,15 +359,15 @@ def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
     from rewards.frozenlake import reward
 
     runner = CliRunner()
-    first = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url])
+    first = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url, "--token", endpoint.token])
     assert first.exit_code == 0, first.output
     assert first.output.startswith("created ") and "rollart-reward-frozenlake" in first.output
-    again = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url])
+    again = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url, "--token", endpoint.token])
     assert again.exit_code == 0 and again.output.split()[0] in ("unchanged", "updated")
     traj = {"task": "frozenlake", "seed": 1, "turns": [], "info": {"success": True, "malformed": 1}}
     result, _ = invoke_reward(client, "rollart-reward-frozenlake", traj)
     assert result == reward(traj)
-    bad = runner.invoke(main, ["rewards", "deploy", "no_such_reward", "--endpoint-url", endpoint.url])
+    bad = runner.invoke(main, ["rewards", "deploy", "no_such_reward", "--endpoint-url", endpoint.url, "--token", endpoint.token])
     assert bad.exit_code != 0 and "no_such_reward" in bad.output
     judge = runner.invoke(main, ["rewards", "deploy", "judge", "--endpoint-url", endpoint.url])  # stateful: needs an engine
     assert judge.exit_code != 0 and "stateful" in judge.output and "REWARD pool" in judge.output
@@ -377,7 +377,7 @@ def test_relative_state_dir_serves_get_function(tmp_path, monkeypatch):
     """A run's output dir is often relative (runs/x/lambda): GetFunction must still answer."""
     monkeypatch.chdir(tmp_path)
     with start_local_endpoint(state_dir="rel/lambda", keep_warm_s=5) as ep:
-        client = make_lambda_client(ep.url, timeout_s=30)
+        client = make_lambda_client(ep.url, timeout_s=30, token=ep.token)
         deploy("fl", "frozenlake", client)
         got = client.get_function(FunctionName="fl")
         assert got["Configuration"]["FunctionName"] == "fl" and got["Code"]["Location"].startswith("file:///")
@@ -402,3 +402,32 @@ def test_emulated_endpoint_faults_answer_429_500_or_late_at_their_rates():
     assert abs(codes.count(429) / 2000 - 0.2) < 0.03 and abs(codes.count(500) / 2000 - 0.1) < 0.03
     assert faults.injected["throttle"] == codes.count(429) and abs(faults.injected["slow"] / 2000 - 0.1) < 0.03
     assert not EndpointFaults().active and faults.active
+
+
+def test_a_loopback_endpoint_asks_for_its_token_and_refuses_what_a_web_page_could_send(endpoint, client):
+    """No request without the token, loopback too (a page the user visits can POST to 127.0.0.1); a Host that is not a
+    loopback name (DNS rebinding) and a body a browser sends without a CORS preflight are refused before auth."""
+    import urllib.error
+    import urllib.request
+
+    assert endpoint.token and len(endpoint.token) >= 16  # made for it: none was given
+    with pytest.raises(ClientError) as e:
+        make_lambda_client(endpoint.url, timeout_s=30).get_function(FunctionName="anything")  # (unsigned: dummy credentials)
+    assert e.value.response["Error"]["Code"] == "InvalidSignatureException"
+
+    def post(headers: dict) -> tuple[int, str]:
+        req = urllib.request.Request(endpoint.url + "/2015-03-31/functions/f/invocations", data=b'{"a": 1}', headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    assert post({"Content-Type": "text/plain"})[0] == 415  # a form or text/plain: what needs no CORS preflight
+    status, body = post({"Host": "attacker.example:80", "Content-Type": "application/json"})
+    assert status == 403 and "is not a loopback name" in body
+    status, body = post({"Content-Type": "application/json"})
+    assert status == 403 and "missing or malformed AWS4-HMAC-SHA256 Authorization header" in body
+    with pytest.raises(ClientError) as e:  # signed with the token: past auth, to the operation itself
+        client.get_function(FunctionName="no-such-function")
+    assert e.value.response["Error"]["Code"] == "ResourceNotFoundException"

@@ -134,7 +134,8 @@ class RewardPlane:
             console.print(f"reward endpoint (local, Lambda API): {self.url}")
         else:
             self.url = None if r.endpoint_url == "aws" else r.endpoint_url
-        client = make_lambda_client(self.url, region=r.region)
+        token = self.endpoint.token if self.endpoint is not None else None  # (else $ROLLART_LAMBDA_TOKEN, or AWS credentials)
+        client = make_lambda_client(self.url, region=r.region, token=token)
         for reward in plain:
             name = function_name(r.function_prefix, reward)
             if r.deploy:
@@ -143,7 +144,7 @@ class RewardPlane:
                 console.print(f"reward {reward}: {out['action']} {out['function_arn']}")
             self.functions[reward] = name
             self.where[reward] = f"SERVERLESS (Lambda {name})"
-        return dict(spec, endpoint_url=self.url or "aws")
+        return dict(spec, endpoint_url=self.url or "aws", **({"token": token} if token else {}))
 
     def keep_warm_wall_s(self) -> float:
         """``reward.keep_warm_s`` on the wall clock: an emulated flow states it in emulated seconds (its rewards

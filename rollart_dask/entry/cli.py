@@ -235,9 +235,10 @@ def rewards():
 
 
 @rewards.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="bind address (off loopback a token is required)")
-@click.option("--port", default=9001, show_default=True)
-@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="shared secret: requests must be SigV4-signed with it as the secret key")
+@click.option("--host", default="127.0.0.1", show_default=True, help="bind address (off loopback the token must be given)")
+@click.option("--port", default=0, show_default=True, help="0: a free port (printed with the URL)")
+@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="shared secret: requests must be SigV4-signed with it as the "
+              "secret key (default: a new one, printed)")
 @click.option("--keep-warm-s", default=300.0, show_default=True, help="idle execution environments retire after this (scale to zero)")
 @click.option("--default-concurrency", default=None, type=int, help="per-function limit without reserved concurrency (default 2 x CPUs)")
 @click.option("--state-dir", default=None, type=click.Path(file_okay=False), help="functions, code and logs (default ~/.cache/rollart-dask/lambda)")
@@ -245,7 +246,6 @@ def rewards_serve(host, port, token, keep_warm_s, default_concurrency, state_dir
     """Run the local Lambda-compatible endpoint (Invoke, Create/Update/Get/DeleteFunction, concurrency)."""
     from rollart_dask.tools.lambda_local import serve
 
-    click.echo(f"Lambda API on http://{host}:{port}  (boto3: endpoint_url='http://{host}:{port}')", err=True)
     try:
         serve(host=host, port=port, token=token, keep_warm_s=keep_warm_s, default_concurrency=default_concurrency, state_dir=state_dir)
     except ValueError as e:

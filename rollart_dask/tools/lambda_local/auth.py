@@ -1,8 +1,11 @@
-"""Auth of the local Lambda endpoint: loopback binds need none, any other bind a token.
+"""Auth of the local Lambda endpoint: every endpoint asks for a token, loopback ones too (a web page the user visits
+can POST to 127.0.0.1: without the token it can neither deploy a function nor invoke one). One is made when none is
+given; the run hands it to its callers, ``rollart rewards serve`` prints it.
 
-With a token every request must be SigV4-signed with it as the AWS secret access key (any access
-key id), verified here with botocore's own signer, so plain boto3/AWS CLI usage works unchanged.
-``/_local/*`` also accepts ``Authorization: Bearer <token>`` (for curl); ``/_local/health`` is open.
+Every request must be SigV4-signed with the token as the AWS secret access key (any access key id), verified here
+with botocore's own signer, so plain boto3/AWS CLI usage works unchanged. ``/_local/*`` also accepts
+``Authorization: Bearer <token>`` (for curl); ``/_local/health`` is open. A loopback endpoint also refuses a Host
+header that is not a loopback name (DNS rebinding).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import hmac
 import ipaddress
 import os
 import re
+import secrets
 
 from rollart_dask.data.serverless.client import TOKEN_ENV
 
@@ -73,12 +77,19 @@ def authorize(token: str, method: str, path: str, raw_path: str, headers, body: 
     return verify_sigv4(method, raw_path, headers, body, token)
 
 
-def check_token(host: str, token: str | None) -> str | None:
-    """The token to require (``token`` or $ROLLART_LAMBDA_TOKEN); ValueError if too short, or missing off loopback."""
+def check_token(host: str, token: str | None) -> str:
+    """The token to require (``token``, else $ROLLART_LAMBDA_TOKEN, else a new random one on loopback); ValueError if
+    too short, or missing off loopback (remote callers must be given it)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     if token is not None and len(token) < MIN_TOKEN_LEN:
         raise ValueError(f"the auth token must be at least {MIN_TOKEN_LEN} characters")
     if token is None and not is_loopback(host):
         raise ValueError(f"refusing to bind the Lambda endpoint to non-loopback address {host!r} without an auth token "
                          f"(pass token=... or set {TOKEN_ENV}; clients sign with it as the AWS secret access key)")
-    return token
+    return token if token is not None else secrets.token_urlsafe(24)
+
+
+def loopback_host_header(host_header: str) -> bool:
+    """A Host header naming a loopback address (any port): what a loopback endpoint accepts."""
+    name = host_header.rsplit(":", 1)[0] if not host_header.endswith("]") else host_header
+    return is_loopback(name.strip("[]"))

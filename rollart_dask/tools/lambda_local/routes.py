@@ -15,7 +15,7 @@ import uuid
 from aiohttp import web
 
 from rollart_dask.tools.lambda_local.api import MAX_REQUEST, LambdaError
-from rollart_dask.tools.lambda_local.auth import authorize
+from rollart_dask.tools.lambda_local.auth import authorize, loopback_host_header
 from rollart_dask.tools.lambda_local.service import LocalLambda
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ REQUEST_ID = _KEY("request_id", str) if _KEY else "request_id"
 BODY = _KEY("body", bytes) if _KEY else "body"
 
 
-def make_app(service: LocalLambda, token: str | None = None) -> web.Application:
+def make_app(service: LocalLambda, token: str | None = None, loopback: bool = False) -> web.Application:
+    """``loopback``: bound to a loopback address, so a Host header naming anything else is a DNS-rebinding page's."""
     async def read_body(request: web.Request) -> bytes:
         if request.content_length is not None and request.content_length > MAX_REQUEST:
             raise LambdaError(413, "RequestEntityTooLargeException", f"Request must be smaller than {MAX_REQUEST} bytes")
@@ -42,6 +43,12 @@ def make_app(service: LocalLambda, token: str | None = None) -> web.Application:
         request[REQUEST_ID] = request_id
         service.requests += 1
         try:
+            if loopback and not loopback_host_header(request.host):
+                raise LambdaError(403, "AccessDeniedException", f"Host {request.host!r} is not a loopback name: this endpoint is bound to loopback")
+            kind = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if request.method in ("POST", "PUT") and kind not in ("", "application/json", "application/octet-stream"):
+                # (boto3's Invoke sends none; a browser's request without a CORS preflight is text/plain or a form)
+                raise LambdaError(415, "UnsupportedMediaTypeException", f"Content-Type {kind!r}: send application/json")
             request[BODY] = await read_body(request)
             if token:
                 why = authorize(token, request.method, request.path, request.raw_path, request.headers, request[BODY])

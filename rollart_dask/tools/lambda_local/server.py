@@ -22,7 +22,7 @@ from pathlib import Path
 from aiohttp import web
 
 from rollart_dask.data.serverless.client import TOKEN_ENV
-from rollart_dask.tools.lambda_local.auth import check_token
+from rollart_dask.tools.lambda_local.auth import check_token, is_loopback
 from rollart_dask.tools.lambda_local.routes import make_app
 from rollart_dask.tools.lambda_local.service import LocalLambda
 
@@ -47,7 +47,7 @@ async def _start(host: str, port: int, service: LocalLambda, token: str | None) 
     sock.bind(addr)
     sock.listen(1024)
     sock.setblocking(False)
-    runner = web.AppRunner(make_app(service, token), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    runner = web.AppRunner(make_app(service, token, loopback=is_loopback(host)), access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     await web.SockSite(runner, sock, backlog=1024).start()
     return runner, _url(host, sock.getsockname()[1])
@@ -56,8 +56,8 @@ async def _start(host: str, port: int, service: LocalLambda, token: str | None) 
 def serve(host: str = "127.0.0.1", port: int = 9001, state_dir: str | Path | None = None, keep_warm_s: float = 300.0,
           default_concurrency: int | None = None, token: str | None = None, region: str = "us-east-1",
           init_timeout_s: float = 10.0, on_ready=None, exit_with_parent: bool = False, faults: dict | None = None) -> None:
-    """Run the endpoint until SIGINT/SIGTERM (blocking). ``token`` defaults to $ROLLART_LAMBDA_TOKEN;
-    a non-loopback ``host`` without one raises ValueError. ``on_ready(url)`` is called once listening.
+    """Run the endpoint until SIGINT/SIGTERM (blocking). ``token`` defaults to $ROLLART_LAMBDA_TOKEN, else a new one
+    (printed); a non-loopback ``host`` without one raises ValueError. ``on_ready(url)`` is called once listening.
     ``exit_with_parent``: also stop when the parent process goes away (an embedded endpoint)."""
     token = check_token(host, token)
     service = LocalLambda(Path(state_dir) if state_dir else default_state_dir(), region, keep_warm_s, default_concurrency,
@@ -84,7 +84,8 @@ def serve(host: str = "127.0.0.1", port: int = 9001, state_dir: str | Path | Non
             if on_ready is not None:
                 on_ready(url)
             else:
-                print(f"rollart lambda endpoint: {url} (state {service.state_dir})", file=sys.stderr, flush=True)
+                print(f"rollart lambda endpoint: {url} (state {service.state_dir})\ntoken (sign with it as the AWS secret access key, or "
+                      f"set {TOKEN_ENV} for the run): {token}", file=sys.stderr, flush=True)
             await stop.wait()
         finally:
             if watcher is not None:
