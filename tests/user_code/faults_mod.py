@@ -71,3 +71,14 @@ class DictObservationLater(_Later):
     def step(self, action):
         obs, *rest = super().step(action)
         return ({"text": obs} if self.later else obs, *rest)
+
+
+def raises_on_a_tenth(trajectory):  # 10% of the run's trajectories, by seed: below the breaker's thresholds
+    if trajectory["seed"] != 0 and trajectory["seed"] % 10 == 3:
+        raise ValueError("one reward in ten fails")
+    return frozenlake_reward(trajectory)
+
+
+class ResetRaises(FrozenLakeText):
+    def reset(self, seed):
+        raise RuntimeError("the user's reset is broken")
