@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from rollart_dask.algo.heldout import is_complete
 from rollart_dask.config import load_flow
 from rollart_dask.entry.api import run_sync
 from rollart_dask.observe import console
@@ -26,13 +27,14 @@ from rollart_dask.observe import console
 def first_reaching(rows: list[dict], target: float) -> tuple[float | None, int | None]:
     """(elapsed seconds, version) of the first held-out evaluation whose mean success over tasks reaches ``target``."""
     for r in rows:
-        if r["kind"] == "eval" and r["eval"] and statistics.mean(t["success"] for t in r["eval"].values()) >= target:
+        if r["kind"] == "eval" and r["eval"] and all(map(is_complete, r["eval"].values())) \
+                and statistics.mean(t["success"] for t in r["eval"].values()) >= target:
             return r["elapsed_s"], r["version"]
     return None, None
 
 
 def cell_result(rows: list[dict], res: dict) -> dict:
-    evals = [r for r in rows if r["kind"] == "eval" and r["eval"]]
+    evals = [r for r in rows if r["kind"] == "eval" and r["eval"] and all(map(is_complete, r["eval"].values()))]  # (incomplete: no score)
     steps = [r for r in rows if r["kind"] == "step"]
     held = [(r["elapsed_s"], statistics.mean(t["success"] for t in r["eval"].values())) for r in evals]
     t8, v8 = first_reaching(rows, 0.8)

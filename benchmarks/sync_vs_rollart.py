@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from rollart_dask.entry.api import run_sync
+from rollart_dask.algo.heldout import is_complete
 from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 
@@ -24,7 +25,7 @@ MODES = {"sync": ["rollout.mode=sync", "rollout.alpha=0", "rollout.level=batch"]
 
 def time_to_target(rows: list[dict], task: str, target: float):
     for r in rows:
-        if r["kind"] == "eval" and r["eval"][task]["success"] >= target:
+        if r["kind"] == "eval" and is_complete(r["eval"][task]) and r["eval"][task]["success"] >= target:  # (an incomplete one is no score)
             return r["elapsed_s"], r["version"]
     return None, None
 
@@ -48,7 +49,7 @@ def main(flow, minutes, target, out, overrides):
         task = cfg.tasks[0].name
         t, v = time_to_target(rows, task, target)
         steps = [r for r in rows if r["kind"] == "step"]
-        results[name] = {"time_to_target_s": t, "version_at_target": v, "best": max(r["eval"][task]["success"] for r in rows if r["kind"] == "eval"),
+        results[name] = {"time_to_target_s": t, "version_at_target": v, "best": max((r["eval"][task]["success"] for r in rows if r["kind"] == "eval" and is_complete(r["eval"][task])), default=None),
                          "steps": res["steps"], "s_per_step": (steps[-1]["elapsed_s"] / len(steps)) if steps else None}
     from rich.table import Table
 

@@ -203,9 +203,10 @@ def test_rollart_eval_shows_why_instead_of_an_incomplete_figure_and_builds_no_di
         (tmp_path / d).mkdir()
     res = CliRunner().invoke(main, ["eval", str(tmp_path / "a"), "--compare", str(tmp_path / "b"), "--out", str(tmp_path / "ev")],
                              catch_exceptions=False)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # an incomplete evaluation is no score, for a script reading the status either
     text = " ".join(res.output.split())
     assert "incomplete: 2 of 3 eval calls failed (TimeoutError: slow)" in text and "— (an evaluation is incomplete)" in text, res.output
+    assert "Error: the evaluation of lake is incomplete: no score" in text
     cells = [" ".join(c.split()) for ln in res.output.splitlines() if ln.count("│") > 2 for c in ln.split("│")]
     assert "incomplete: 2 of 3 eval calls failed (TimeoutError: slow)" in cells  # in place of its success
     assert "1.00 [0.44, 1.00]" in cells and "1.00 [0.21, 1.00]" not in text  # the complete one keeps its figure; never the other's

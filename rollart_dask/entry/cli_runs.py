@@ -27,7 +27,8 @@ def _interval(value: float, ci: list[float], digits: int = 2) -> str:
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="where the evaluation writes (default runs/eval-<time>)")
 def eval_command(target, tasks, seeds, start, temperature, other, overrides, out):
     """Evaluate CHECKPOINT (RUN/checkpoints/step-N) or RUN_DIR's latest checkpoint on held-out seeds, through the run's own
-    engine, env and reward path: success and reward per task with their 95% confidence intervals."""
+    engine, env and reward path: success and reward per task with their 95% confidence intervals (exit status 1 when an
+    evaluation is incomplete: its calls failed)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -75,6 +76,9 @@ def eval_command(target, tasks, seeds, start, temperature, other, overrides, out
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "eval.json").write_text(json.dumps({"results": results, "compare": diffs}, indent=2))
     console.print(f"written: {(out_dir / 'eval.json').resolve()}")
+    incomplete = [t for r in results for t, f in r["eval"].items() if not is_complete(f)]
+    if incomplete:  # a script reading the exit status must not take it for a score
+        raise click.ClickException(f"the evaluation of {', '.join(sorted(set(incomplete)))} is incomplete: no score (see above)")
 
 
 @click.command()
