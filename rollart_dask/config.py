@@ -229,6 +229,9 @@ class RolloutConfig(Strict):
     reward_timeout_s: float = Field(30, gt=0, description="per reward call")
     retries: int = Field(2, ge=0, description="retry budget per env/reward call")
     max_relaunch: int = Field(16, ge=0, description="members a group may relaunch (failed, lost, stale) before it is dropped")
+    preflight: bool = Field(True, description="before any model loads, each task's env plays one episode and its reward is called on "
+                                              "it; every problem is reported at once (control/preflight.py). false: skip it (failures "
+                                              "then show on the run's trajectories only)")
     user_faults: UserFaultsConfig = Field(default_factory=UserFaultsConfig, description="failures of a task's env or reward code that "
                                           "stop the run (below them they are counted and the run goes on)")
     fairness: Literal["none", "task"] = Field("none", description="none: a batch is the first groups to complete (fast tasks train "

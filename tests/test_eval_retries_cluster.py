@@ -2,6 +2,7 @@
 held-out seeds. A seed that fails the first time only is played again and the evaluation completes; a seed that
 always fails leaves it incomplete, written with its reason, and `rollart run`, `rollart runs` and the report say so
 instead of a score."""
+import html
 import json
 import os
 from pathlib import Path
@@ -64,7 +65,7 @@ def test_failed_eval_calls_are_retried_and_an_evaluation_still_failing_is_report
     steady0, steady1 = (e["eval"]["steady"] for e in evals)
     assert steady0["complete"] and steady0["retried"] == 2 and steady0["completed"] == 4 and steady0["failures"] == {}
     assert steady1["complete"] and steady1["retried"] == 0
-    reason = "CallFailed: env-reset: RuntimeError: flaky env: broken seed"
+    reason = "UserCodeFailed: task 'broken': reset failed: FlakyLake.reset raised RuntimeError: flaky env: broken seed"
     for e in evals:
         broken = e["eval"]["broken"]
         assert not broken["complete"] and broken["completed"] == 3 and broken["failed_calls"] == 1 and broken["seeds"] == 4
@@ -81,10 +82,10 @@ def test_failed_eval_calls_are_retried_and_an_evaluation_still_failing_is_report
     listed = " ".join(res.output.split())
     assert res.exit_code == 0 and f"broken {note}" in listed and f"steady {steady1['success']:.2f}" in listed, res.output
     res = CliRunner().invoke(main, ["eval", str(out), "--task", "broken", "--out", str(tmp_path / "ev")], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1 and "the evaluation of broken is incomplete: no score" in res.output, res.output
     [mine] = json.loads((tmp_path / "ev" / "eval.json").read_text())["results"]
     assert mine["version"] == 1 and not mine["eval"]["broken"]["complete"] and mine["eval"]["broken"]["failures"] == {reason: 1}
     cells = [" ".join(c.split()) for ln in res.output.splitlines() if ln.count("│") > 2 for c in ln.split("│")]
     assert note in cells and f"broken: {note}" in " ".join(res.output.split()), res.output  # in place of its success, and why
     page = build_report([out]).read_text()
-    assert f"broken {note}" in page and "class=incomplete" in page
+    assert html.escape(f"broken {note}") in page and "class=incomplete" in page

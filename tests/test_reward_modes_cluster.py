@@ -12,7 +12,8 @@ def test_serverless_rewards_through_the_lambda_api_and_failures_are_counted_not_
     cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [dict(FROZENLAKE, token_budget=None), MATH, broken],
                                       "reward": {"mode": "serverless", "keep_warm_s": 30}, "rollout.batch_groups": 3,
                                       "rollout.retries": 0, "rollout.max_relaunch": 2, "trainer.steps": 3,
-                                      "rollout.user_faults": {"consecutive": 0}}))  # counted, never stopping the run
+                                      "rollout.user_faults": {"consecutive": 0},  # counted, never stopping the run
+                                      "rollout.preflight": False}))  # (which would refuse the broken task before it starts)
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)

@@ -10,7 +10,7 @@ from distributed import Client, get_task_stream
 import rollart_dask
 from tests.conftest import flow_dict
 
-STAGES = {"generate", "env-reset", "env-step", "env-close", "reward", "abort", "update-weights", "reset-prefix-cache", "train", "train-batch",
+STAGES = {"preflight", "generate", "env-reset", "env-step", "env-close", "reward", "abort", "update-weights", "reset-prefix-cache", "train", "train-batch",
           "publish-weights",
           "weights-bucket", "stage-weights",
           "checkpoint", "restore", "warmstart", "warmstart-demos"}

@@ -45,6 +45,7 @@ def test_the_preflight_lists_every_tasks_failing_env_and_reward_before_anything_
     assert 'return trajectory["no such key"]' in text  # the user's traceback
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 def test_rollart_check_runs_the_preflight_alone(address, tmp_path):
     import yaml
     from click.testing import CliRunner
@@ -99,6 +100,7 @@ def test_a_reward_that_raises_on_the_runs_trajectories_stops_the_run_naming_the_
     assert text.splitlines()[0].startswith("stopped: ")
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 def test_nan_rewards_on_some_trajectories_are_failures_counted_never_trained(address, tmp_path, model_dir, run_async):
     out, rows, _ = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:nan_on_even_turns"},
                             **{"rollout.user_faults": {"consecutive": 0}, "trainer.steps": 3})
@@ -111,12 +113,14 @@ def test_nan_rewards_on_some_trajectories_are_failures_counted_never_trained(add
     assert all(bool(torch.isfinite(t).all()) for t in weights.values())
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 @pytest.mark.parametrize("reward, value", [("string_later", "score '1.0' (str)"), ("inf_later", "score inf")])
 def test_a_reward_value_that_is_not_a_finite_number_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, reward, value):
     out, rows, _ = run_with(address, tmp_path, model_dir, run_async, {"reward": f"faults_mod:{reward}"})
     stopped(out, "failed in its reward", value, "a finite number, or a dict with a finite numeric 'score'")
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 @pytest.mark.parametrize("env, names", [
     ("StepRaisesLater", ("failed in its step", "StepRaisesLater.step raised RuntimeError: the user's step is broken", "faults_mod.py")),
     ("DictObservationLater", ("failed in its step", "DictObservationLater.step returned an observation of type dict", "is a string")),
@@ -127,6 +131,7 @@ def test_an_env_that_raises_or_returns_no_text_on_the_runs_trajectories_stops_th
     assert seconds < 60, seconds
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 def test_an_env_step_that_hangs_past_its_timeout_stops_the_run(address, tmp_path, model_dir, run_async):
     out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": "faults_mod:StepHangsLater"},
                                **{"rollout.env_timeout_s": 2, "rollout.user_faults": {"consecutive": 2}, "eval.seeds": 1})
@@ -134,6 +139,7 @@ def test_an_env_step_that_hangs_past_its_timeout_stops_the_run(address, tmp_path
     assert seconds < 60, seconds
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 def test_max_minutes_ends_a_run_on_time_even_when_no_step_completes(address, tmp_path, model_dir, run_async):
     out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:raises_later"},
                                   **{"rollout.user_faults": {"consecutive": 0}, "trainer.max_minutes": 0.25, "trainer.steps": 50})
@@ -141,6 +147,7 @@ def test_max_minutes_ends_a_run_on_time_even_when_no_step_completes(address, tmp
     assert seconds < 15 + 30, seconds  # the deadline, then the final evaluation (whose calls fail fast) and checkpoint
 
 
+@pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 def test_rollart_run_ends_a_user_fault_with_its_error_not_a_traceback_and_writes_the_summary(address, tmp_path):
     import json
 

@@ -80,7 +80,7 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path | None, d: Di
                     reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})
     layout = {p: [poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
     services = Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
-    if not cfg.emulated:  # the user's envs and rewards, before the models load and anything generates
+    if cfg.rollout.preflight and not cfg.emulated:  # the user's envs and rewards, before the models load and anything generates
         services.preflight = await preflight.check(cfg, services)
     if until_preflight:
         return services
