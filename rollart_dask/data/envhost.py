@@ -14,7 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from envs.inject import Injected, parse_spec
+from envs.inject import Injected, InjectedFailure, parse_spec
 
 from rollart_dask.config import PromptConfig
 from rollart_dask.models.prompts import Conversation
@@ -101,6 +101,8 @@ class EnvHost:
                     obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
                 else:
                     obs, info = env.reset(seed=item["seed"])
+            except InjectedFailure:
+                raise  # EMULATED faults stand for a flaky env service, not the user's code
             except Exception as e:
                 raise user_error(f"{_name(env)}.reset", e) from e
             info = dict(info)
@@ -143,6 +145,8 @@ class EnvHost:
             try:
                 try:
                     obs, reward, terminated, truncated, info = env.step(item["action"])
+                except InjectedFailure:
+                    raise  # EMULATED faults stand for a flaky env service, not the user's code
                 except Exception as e:
                     raise user_error(f"{_name(env)}.step", e) from e
                 _check_observation(env, "step", obs)
