@@ -96,15 +96,10 @@ class EnvHost:
         for old in overtaken:
             self._close(old)
         try:
-            try:
-                if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
-                    obs, info = env.reset(seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
-                else:
-                    obs, info = env.reset(seed=item["seed"])
-            except InjectedFailure:
-                raise  # EMULATED faults stand for a flaky env service, not the user's code
-            except Exception as e:
-                raise user_error(f"{_name(env)}.reset", e) from e
+            if item.get("inject"):  # EMULATED latency/failures for ablations; draws keyed by member and attempt
+                obs, info = _user_call(env, "reset", seed=item["seed"], stream=f"{item.get('member', 0)}.{attempt}")
+            else:
+                obs, info = _user_call(env, "reset", seed=item["seed"])
             info = dict(info)
             _check_observation(env, "reset", obs)
             info["action_choices"] = list(getattr(env, "action_choices", None) or [])
@@ -143,12 +138,7 @@ class EnvHost:
             if env is None:
                 raise KeyError(f"no env for trajectory {tid} on this worker (closed, or lost with a restart?)")
             try:
-                try:
-                    obs, reward, terminated, truncated, info = env.step(item["action"])
-                except InjectedFailure:
-                    raise  # EMULATED faults stand for a flaky env service, not the user's code
-                except Exception as e:
-                    raise user_error(f"{_name(env)}.step", e) from e
+                obs, reward, terminated, truncated, info = _user_call(env, "step", item["action"])
                 _check_observation(env, "step", obs)
             except BaseException:
                 self._count("steps", t0, done=False)
@@ -177,10 +167,7 @@ class EnvHost:
             self._close(env)
 
     def _make(self, item: dict):
-        try:
-            env = make_env(item["env"], **item.get("env_args", {}))
-        except Exception as e:
-            raise user_error(f"env {item['env']!r} with env_args {item.get('env_args', {})}", e) from e
+        env = _user_env(item)
         if item.get("inject"):  # EMULATED latency/failures for ablations (its close closes the env it wraps)
             env = Injected(env, _spec(json.dumps(item["inject"], sort_keys=True)))
         with self._lock:
@@ -244,25 +231,16 @@ def preflight_episode(item: dict) -> dict:
     """One episode of a task's env before the run generates anything: made, reset, stepped with its expert's action
     (else its first allowed action, else a plain answer) to its end or max_turns. Its turns and final info, for the
     reward to be called on; what the user's env does wrong raises UserFunctionError, named."""
-    try:
-        env = make_env(item["env"], **item.get("env_args", {}))
-    except Exception as e:
-        raise user_error(f"env {item['env']!r} with env_args {item.get('env_args', {})}", e) from e
+    env = _user_env(item)
     turns, info, terminated = [], {}, False
     try:
-        try:
-            obs, info = env.reset(seed=item["seed"])
-        except Exception as e:
-            raise user_error(f"{_name(env)}.reset", e) from e
+        obs, info = _user_call(env, "reset", seed=item["seed"])
         _check_observation(env, "reset", obs)
         choices = list(getattr(env, "action_choices", None) or [])
         for _ in range(item["max_turns"]):
             expert = getattr(env, "expert_action", None)
             action = (expert() if callable(expert) else None) or (choices[0] if choices else "0")
-            try:
-                nobs, reward, terminated, truncated, info = env.step(action)
-            except Exception as e:
-                raise user_error(f"{_name(env)}.step", e) from e
+            nobs, reward, terminated, truncated, info = _user_call(env, "step", action)
             _check_observation(env, "step", nobs)
             turns.append({"observation": obs, "action": action, "env_reward": float(reward)})
             obs = nobs
@@ -272,6 +250,25 @@ def preflight_episode(item: dict) -> dict:
         with contextlib.suppress(Exception):
             env.close()
     return {"turns": turns, "info": dict(info, truncated=not terminated)}
+
+
+def _user_env(item: dict):
+    """The task's env made; what the user's constructor (or an unknown name) raises comes back as theirs, named."""
+    try:
+        return make_env(item["env"], **item.get("env_args", {}))
+    except Exception as e:
+        raise user_error(f"env {item['env']!r} with env_args {item.get('env_args', {})}", e) from e
+
+
+def _user_call(env, call: str, *args, **kwargs):
+    """``env.<call>(...)``; what the user's env raises comes back as theirs, named (EMULATED injected faults stand for a
+    flaky env service, not the user's code: they pass as they are)."""
+    try:
+        return getattr(env, call)(*args, **kwargs)
+    except InjectedFailure:
+        raise
+    except Exception as e:
+        raise user_error(f"{_name(env)}.{call}", e) from e
 
 
 def _name(env) -> str:
