@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -215,13 +216,15 @@ def test_writes_only_in_scratch(env):
                 results[path] = "written"
             except OSError as e:
                 results[path] = "denied"
+        results["read back"] = open("inside.txt").read()
         print(json.dumps(results))
     """)
     results = json.loads(res.output.strip().splitlines()[-1])
-    assert results.pop("inside.txt") == "written"
+    assert (results.pop("inside.txt"), results.pop("read back")) == ("written", "x")
     assert set(results.values()) == {"denied"}, results
     assert not any(os.path.exists(p) for p in outside)
-    assert (env.sandbox.scratch / "inside.txt").read_text() == "x"
+    # docker binds the host's scratch dir; the subprocess sandbox's scratch is a tmpfs that ends with the run
+    assert (env.sandbox.scratch / "inside.txt").exists() == (env.backend == "docker")
     solve(env)
 
 
@@ -327,3 +330,143 @@ def test_unprivileged_user_isolated_or_clear_error(tmp_path):
     assert out == {"/tmp/x": "denied", str(scratch_root / "x"): "denied", "inside": "written", "net": "blocked",
                    "fork": "limited"}
     assert result["loop_signal"] in (24, 9)  # SIGXCPU, or SIGKILL at the hard limit
+
+
+# ------------------------------------------------------------------ containment of the subprocess sandbox
+
+
+@pytest.fixture
+def jail():
+    sb = make_sandbox("subprocess", Limits(**FAST))
+    yield sb
+    sb.close()
+
+
+def test_no_unix_socket_of_the_host_is_reachable(jail, tmp_path):
+    """Read-only mounts do not stop connect(): the sandbox must not see the host's sockets at all."""
+    dirs = [Path(tempfile.mkdtemp(dir=d)) for d in ("/var/tmp", os.path.expanduser("~"))] + [tmp_path]
+    if os.access("/run", os.W_OK):  # where docker.sock and the session bus live
+        dirs.append(Path(tempfile.mkdtemp(dir="/run")))
+    servers, paths = [], [str(d / "s.sock") for d in dirs]
+    try:
+        for path in paths + [f"\0rollart-probe-{os.getpid()}"]:  # an abstract name too: it belongs to the netns
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(path)
+            if path[0] != "\0":  # open to every uid, as X11's and many daemons' sockets are
+                os.chmod(path, 0o777)
+                os.chmod(os.path.dirname(path), 0o755)
+            s.listen(1)
+            s.setblocking(False)
+            servers.append(s)
+        res = run_script(jail, f"""
+            import json, os, socket
+            out = {{}}
+            for p in {paths!r} + ["\\0rollart-probe-{os.getpid()}"]:
+                try:
+                    socket.socket(socket.AF_UNIX).connect(p)
+                    out[p] = "connected"
+                except OSError as e:
+                    out[p] = type(e).__name__
+            out["groups"] = os.getgroups() if os.getuid() != {os.getuid()} else "own uid"
+            print(json.dumps(out))
+        """)
+        out = json.loads(res.output.strip().splitlines()[-1])
+        assert "connected" not in out.values(), out
+        if os.geteuid() == 0:
+            assert out["groups"] == [], out  # as root: another uid, with no supplementary group
+        for s in servers:
+            with pytest.raises(BlockingIOError):
+                s.accept()
+    finally:
+        for s in servers:
+            s.close()
+        for d in dirs[:2] + dirs[3:]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_home_is_hidden_even_when_the_interpreter_lives_there(tmp_path):
+    home = Path(os.path.expanduser("~"))
+    python = os.path.realpath(sys.executable)
+    secret = home / f"rollart-secret-{os.getpid()}"
+    secret.write_text("token")
+    try:
+        sandboxes = [make_sandbox("subprocess", Limits(**FAST))]
+        if python.startswith(str(home) + "/"):  # pyenv, conda, uv: only the installation may show
+            sandboxes.append(make_sandbox("subprocess", Limits(**FAST), python=python))
+        for sb in sandboxes:
+            try:
+                res = run_script(sb, f"""
+                    import os, sys
+                    try:
+                        print("READ", open({str(secret)!r}).read())
+                    except OSError as e:
+                        print("HIDDEN", type(e).__name__)
+                    print(sorted(os.listdir({str(home)!r})) if os.path.isdir({str(home)!r}) else "no home")
+                """)
+            finally:
+                sb.close()
+            lines = res.output.strip().splitlines()
+            assert lines[0].startswith("HIDDEN"), res.output
+            shown = sb.python.startswith(str(home) + "/")
+            assert lines[1] == (repr([sb.python[len(str(home)) + 1:].split("/")[0]]) if shown else "no home"), res.output
+    finally:
+        secret.unlink()
+
+
+def test_an_interpreter_installed_at_home_itself_is_refused(tmp_path, monkeypatch):
+    """interpreter_dirs shows only the installation, and refuses one that is $HOME (it would show it all)."""
+    from envs.code_sandbox.sandbox import interpreter_dirs
+
+    home = tmp_path / "home"
+    for name, prefix in (("pyenv", home / "pyenv"), ("athome", home)):
+        exe = home / name / "bin" / "python"
+        exe.parent.mkdir(parents=True)
+        exe.write_text(f"#!/bin/sh\necho {prefix}\necho {prefix}\n")
+        exe.chmod(0o755)
+    monkeypatch.setenv("HOME", str(home))
+    assert interpreter_dirs(str(home / "pyenv" / "bin" / "python")) == (str(home / "pyenv"),)
+    with pytest.raises(SandboxUnavailable, match=r"\$HOME"):
+        interpreter_dirs(str(home / "athome" / "bin" / "python"))
+
+
+def test_fork_and_allocate_past_the_total_memory_cap():
+    sb = make_sandbox("subprocess", Limits(cpu_s=5, wall_s=20.0, memory_mb=400, total_memory_mb=160, nproc=16))
+    try:
+        res = run_script(sb, """
+            import os, time
+            kids = []
+            for _ in range(4):  # 4 x 100 MB, each under the per-process limit, 400 MB in all
+                pid = os.fork()
+                if pid == 0:
+                    block = b"a" * (100 << 20)
+                    time.sleep(2)
+                    os._exit(0)
+                kids.append(pid)
+            print("children:", [os.waitpid(k, 0)[1] for k in kids])
+        """)
+    finally:
+        sb.close()
+    if res.caps == "rlimits":
+        pytest.skip("no writable cgroup here: the sandbox has per-process limits only (documented)")
+    assert res.oom, res
+    assert "children:" not in res.output or "9" in res.output, res.output  # a child was killed (SIGKILL = 9)
+
+
+def test_filling_the_scratch_stops_at_its_size():
+    sb = make_sandbox("subprocess", Limits(**FAST, scratch_mb=8, fsize_mb=4))
+    try:
+        res = run_script(sb, """
+            import errno
+            n = 0
+            try:
+                while True:
+                    with open(f"fill-{n // 4}", "ab") as f:  # 4 MB a file: under the file-size limit
+                        f.write(b"x" * (1 << 20))
+                    n += 1
+            except OSError as e:
+                print(n, errno.errorcode[e.errno])
+        """)
+    finally:
+        sb.close()
+    mb, err = res.output.split()[-2:]
+    assert err == "ENOSPC" and int(mb) < 8, res.output

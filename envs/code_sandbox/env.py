@@ -57,11 +57,13 @@ class CodeSandboxEnv:
 
     def __init__(self, backend: str = "auto", max_turns: int = 4, families: list[str] | None = None,
                  cpu_s: int = 2, wall_s: float = 5.0, memory_mb: int = 512, nproc: int = 32, fsize_mb: int = 16,
+                 total_memory_mb: int = 1024, scratch_mb: int = 64,
                  max_code_chars: int = 4000, feedback_chars: int = 160, image: str | None = None,
                  docker_host: str | None = None, scratch_root: str | None = None, python: str | None = None):
         if max_turns < 1:
             raise ValueError(f"code_sandbox max_turns must be >= 1, got {max_turns}")
-        self.limits = Limits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb)
+        self.limits = Limits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb,
+                             total_memory_mb=total_memory_mb, scratch_mb=scratch_mb)
         self.max_turns, self.families = max_turns, families
         self.max_code_chars, self.feedback_chars = max_code_chars, feedback_chars
         kw = {"image": image} if image else {}

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 JAIL = Path(__file__).with_name("_jail.py")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_IMAGE = "rollart-code-sandbox:latest"
 BUILD_HINT = "build it from local files with deploy/docker/build-sandbox-image.sh (no registry is used)"
 SANDBOX_UID = 65534  # nobody: the docker backend's user
@@ -43,8 +42,10 @@ class SandboxUnavailable(RuntimeError):
 class Limits:
     cpu_s: int = 2  # CPU seconds per run (RLIMIT_CPU: SIGXCPU, then SIGKILL a second later)
     wall_s: float = 5.0  # wall clock per run; the whole process tree is killed
-    memory_mb: int = 512  # address space per process (RLIMIT_AS) / container memory
-    nproc: int = 32  # processes (RLIMIT_NPROC for a uid of its own / container pids limit)
+    memory_mb: int = 512  # address space per process (RLIMIT_AS)
+    nproc: int = 32  # processes in all (a cgroup's pids.max, RLIMIT_NPROC for a uid of its own / container pids limit)
+    total_memory_mb: int = 1024  # memory of the whole sandbox, scratch included (its cgroup / container memory)
+    scratch_mb: int = 64  # size of the scratch tmpfs (subprocess backend)
     fsize_mb: int = 16  # largest file the code may write, output included
     nofile: int = 64
     output_bytes: int = 65536  # output kept for the caller
@@ -59,7 +60,8 @@ class RunResult:
     wall_s: float
     backend: str
     truncated: bool = False
-    oom: bool = False  # killed by the container's memory limit
+    oom: bool = False  # killed by the sandbox's total memory cap (its cgroup / the container's limit)
+    caps: str = ""  # what capped the sandbox as a whole: "cgroup v2", "cgroup v1", "docker", or "rlimits" alone
 
 
 class Sandbox:
@@ -128,31 +130,57 @@ def _default_python() -> str:
         "install a system python3 (apt-get install -y python3) or pass python=...")
 
 
+# What the sandbox's own root shows of the host, read-only, besides the interpreter's installation.
+# /etc is left out: python -I -S needs none of it.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_dirs(python: str) -> tuple[str, ...]:
+    """The directories the sandbox must show for ``python`` to run: its installation, when not a system one.
+
+    pyenv, conda and uv install under $HOME: then only that installation is shown, never $HOME itself.
+    """
+    got = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
+                         capture_output=True, text=True, timeout=30)
+    if got.returncode != 0:
+        raise SandboxUnavailable(f"the sandbox interpreter {python} does not run: {got.stderr[-300:]}")
+    dirs = {os.path.realpath(d) for d in got.stdout.split()} | {os.path.dirname(python)}
+    home = os.path.realpath(os.path.expanduser("~"))
+    for d in dirs:
+        if d == "/" or _under(home, d):
+            raise SandboxUnavailable(f"the sandbox interpreter {python} is installed at {d}, which would show all of "
+                                     f"$HOME ({home}) to the code; pass python=... (a system python3)")
+    outside = sorted(d for d in dirs if not any(_under(d, top) for top in SYSTEM_DIRS))
+    return tuple(d for d in outside if not any(d != o and _under(d, o) for o in outside))
+
+
 class SubprocessSandbox(Sandbox):
-    """A child process in new namespaces with rlimits, under a uid that owns only the scratch dir.
+    """A child process in new namespaces and a root of its own, under a uid that owns nothing; see _jail.py.
 
     Needs Linux with root, or with unprivileged user namespaces; raises SandboxUnavailable
-    (naming what is missing) instead of running anything unisolated.
+    (naming what is missing) instead of running anything unisolated. The scratch dir is a
+    ``scratch_mb`` tmpfs made fresh for each run from the files given: nothing the code
+    writes outlives its run.
     """
 
     name = "subprocess"
 
     def __init__(self, limits: Limits | None = None, scratch_root: str | None = None, python: str | None = None,
-                 hide: list[str] | None = None, uid_base: int = 1_900_000_000):
+                 uid_base: int = 1_900_000_000):
         if not sys.platform.startswith("linux"):
             raise SandboxUnavailable("the subprocess sandbox needs Linux namespaces; use backend=docker")
         super().__init__(limits, scratch_root)
         self.python = python or _default_python()
         self.uid_base = uid_base
-        if hide is None:  # the repo holds the generator (hidden tests); $HOME holds credentials
-            hide = [str(REPO_ROOT), os.path.expanduser("~")]
         if _under(self.python, "/tmp"):
             raise SandboxUnavailable(f"the sandbox interpreter {self.python} lies under /tmp, which the sandbox replaces; "
                                      "pass python=... (a system python3)")
-        self.hide = [h for h in hide if not _under(self.python, h)]
+        self.binds = list(interpreter_dirs(self.python))
         _preflight(self.python, str(self.scratch.parent))
 
     def run(self, files: dict[str, str], argv: list[str]) -> RunResult:
+        self.reset_scratch()  # the host's scratch dir only stages this run's files
         self.write_files(files)
         return _jail_run(self, argv)
 
@@ -175,7 +203,7 @@ def _jail_run(sb: SubprocessSandbox, argv: list[str]) -> RunResult:
     inside = "/tmp/scratch"
     cfg = {
         "scratch": str(sb.scratch), "argv": argv, "status_fd": w, "wall_s": lim.wall_s, "limits": asdict(lim),
-        "uid_base": sb.uid_base, "hide": sb.hide,
+        "uid_base": sb.uid_base, "binds": list(SYSTEM_DIRS) + sb.binds,
         "env": {"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
     }
     t0 = time.monotonic()
@@ -213,14 +241,15 @@ def _jail_run(sb: SubprocessSandbox, argv: list[str]) -> RunResult:
     return RunResult(
         output=data[: lim.output_bytes].decode("utf-8", errors="replace"), exit_code=status["exit"],
         signal=status["signal"], timed_out=status["timeout"], wall_s=round(time.monotonic() - t0, 4),
-        backend="subprocess", truncated=len(data) > lim.output_bytes)
+        backend="subprocess", truncated=len(data) > lim.output_bytes, oom=status["oom"], caps=status["caps"])
 
 
 @functools.lru_cache(maxsize=None)
 def _preflight(python: str, scratch_root: str) -> None:
     """Once per process: prove the isolation works here, or raise with the reason."""
     probe = SubprocessSandbox.__new__(SubprocessSandbox)
-    probe.limits, probe.python, probe.uid_base, probe.hide = Limits(), python, 1_900_000_000, []
+    probe.limits, probe.python, probe.uid_base = Limits(), python, 1_900_000_000
+    probe.binds = list(interpreter_dirs(python))
     probe.scratch = Path(tempfile.mkdtemp(prefix="preflight-", dir=scratch_root))
     try:
         res = _jail_run(probe, ["python", "-c", "print('ok')"])
@@ -316,7 +345,7 @@ class DockerSandbox(Sandbox):
             environment={"HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
             network_mode="none", ipc_mode="none",  # no network; no /dev/shm at all
             read_only=True, volumes={str(self.scratch): {"bind": work, "mode": "rw"}},
-            mem_limit=lim.memory_mb * mb, memswap_limit=lim.memory_mb * mb, pids_limit=lim.nproc, nano_cpus=1_000_000_000,
+            mem_limit=lim.total_memory_mb * mb, memswap_limit=lim.total_memory_mb * mb, pids_limit=lim.nproc, nano_cpus=1_000_000_000,
             ulimits=[Ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
                      Ulimit(name="fsize", soft=lim.fsize_mb * mb, hard=lim.fsize_mb * mb),
                      Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
@@ -350,7 +379,7 @@ class DockerSandbox(Sandbox):
         return RunResult(
             output=data[: lim.output_bytes].decode("utf-8", errors="replace"), exit_code=None if sig else code, signal=sig,
             timed_out=timed_out, wall_s=round(time.monotonic() - t0, 4), backend="docker",
-            truncated=len(data) > lim.output_bytes, oom=bool(state.get("OOMKilled")) and not timed_out)
+            truncated=len(data) > lim.output_bytes, oom=bool(state.get("OOMKilled")) and not timed_out, caps="docker")
 
     def close(self) -> None:
         super().close()
