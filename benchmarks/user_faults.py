@@ -4,6 +4,10 @@ long the command took to stop (or how many failures it counted and went on), non
 non-finite versions published (from the run's metrics and its last checkpoint), and whether it hung (no end within
 --hang-s). The faulty code: tests/user_code/faults_mod.py.
 
+A second table attacks what runs the model's code and the user's rewards directly: the code-sandbox env's own
+sandbox (subprocess backend) runs each attack as a run's program would, and the local Lambda endpoint gets a
+deploy POST without its token, as a web page the user visits could send it.
+
     python benchmarks/user_faults.py                 # ~6 min on 2 cores
     python benchmarks/user_faults.py --only nan      # rows whose name holds 'nan'
 """
@@ -11,7 +15,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import socket
 import subprocess
+import tempfile
+import textwrap
 import sys
 import time
 from pathlib import Path
@@ -91,11 +100,134 @@ def _nonfinite_checkpoints(root: Path) -> int:
     return bad
 
 
+ATTACKS = {  # name → (what, the program, what it must get); {sock} / {secret} are planted by attack()
+    "sandbox-socket": ("sandbox: connect to a Unix socket open to every uid (/var/tmp)", """
+        import socket
+        try:
+            socket.socket(socket.AF_UNIX).connect({sock!r}); print("connected")
+        except OSError as e:
+            print("refused:", type(e).__name__)"""),
+    "sandbox-home": ("sandbox: read a file planted in $HOME", """
+        try:
+            print("read:", open({secret!r}).read())
+        except OSError as e:
+            print("refused:", type(e).__name__)"""),
+    "sandbox-fork-bomb": ("sandbox: a fork bomb", """
+        import os
+        n = 0
+        try:
+            while True:
+                os.fork(); n += 1
+        except OSError as e:
+            print("refused:", type(e).__name__)"""),
+    "sandbox-memory": ("sandbox: 4 children x 100 MB past a 160 MB total", """
+        import os, time
+        kids = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = b"a" * (100 << 20); time.sleep(2); os._exit(0)
+            kids.append(pid)
+        print("children ended:", [os.waitpid(k, 0)[1] for k in kids])"""),
+    "sandbox-scratch-fill": ("sandbox: fill the scratch dir (8 MB)", """
+        import errno
+        n = 0
+        try:
+            while True:
+                with open(f"fill-{{n // 4}}", "ab") as f:
+                    f.write(b"x" * (1 << 20))
+                n += 1
+        except OSError as e:
+            print(f"refused after {{n}} MB:", errno.errorcode[e.errno])"""),
+}
+
+
+def attack(name: str, program: str) -> dict:
+    from envs.code_sandbox import Limits, make_sandbox
+
+    planted = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    os.chmod(planted, 0o755)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(planted / "s.sock"))
+    os.chmod(planted / "s.sock", 0o777)
+    server.listen(1)
+    server.setblocking(False)
+    secret = Path(os.path.expanduser("~")) / f"rollart-secret-{os.getpid()}"
+    secret.write_text("token")
+    sb = make_sandbox("subprocess", Limits(cpu_s=5, wall_s=20.0, memory_mb=400, total_memory_mb=160, nproc=16, scratch_mb=8, fsize_mb=4))
+    try:
+        res = sb.run({"main.py": textwrap.dedent(program.format(sock=str(planted / "s.sock"), secret=str(secret)))},
+                     ["python", "main.py"])
+        try:
+            server.accept()
+            reached = True
+        except BlockingIOError:
+            reached = False
+    finally:
+        sb.close()
+        server.close()
+        secret.unlink()
+        shutil.rmtree(planted, ignore_errors=True)
+    got = (res.output.strip().splitlines() or [""])[-1]
+    if res.oom:
+        got = f"killed by the total memory cap ({res.caps}); {got}".rstrip("; ")
+    contained = not reached and not got.startswith(("connected", "read:")) and (name != "sandbox-memory" or res.oom)
+    return {"name": name, "said": got[:160], "seconds": res.wall_s, "hung": res.timed_out, "contained": contained,
+            "caps": res.caps}
+
+
+def endpoint_without_token() -> dict:
+    """Deploy a function through the local Lambda endpoint with no token, as a page the user visits could POST."""
+    import urllib.error
+    import urllib.request
+
+    from rollart_dask.tools.lambda_local import start_local_endpoint
+
+    t0 = time.monotonic()
+    with start_local_endpoint(state_dir=tempfile.mkdtemp(prefix="rollart-lambda-")) as ep:
+        req = urllib.request.Request(ep.url + "/2015-03-31/functions", method="POST", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"FunctionName": "evil", "Runtime": "python3.12", "Handler": "x.h",
+                                                      "Code": {"ZipFile": ""}}).encode())
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                status, body = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read().decode()
+        deployed = "evil" in json.dumps(ep.stats().get("functions", {}))
+    return {"name": "endpoint-no-token", "said": f"HTTP {status}: {body[:120]}", "seconds": time.monotonic() - t0,
+            "hung": False, "contained": status == 403 and not deployed, "caps": ""}
+
+
+def attacks_table(only: str, out: Path) -> list[dict]:
+    results = []
+    for name, (what, program) in ATTACKS.items():
+        if only in name:
+            results.append({**attack(name, program), "what": what})
+    if only in "endpoint-no-token":
+        results.append({**endpoint_without_token(), "what": "endpoint: a deploy POST without the token"})
+    if not results:
+        return []
+    columns = ("attack", "what it got", "stopped after", "contained", "hung")
+    cells = [[r["what"], r["said"], f"{r['seconds']:.1f} s", "yes" if r["contained"] else "NO", "yes" if r["hung"] else "no"]
+             for r in results]
+    table = Table(*columns, title="sandbox and endpoint (attacked directly)")
+    for row in cells:
+        table.add_row(*row)
+    console.print(table)
+    md = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    md += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attacks.json").write_text(json.dumps(results, indent=2))
+    (out / "attacks.md").write_text("\n".join(md) + "\n")
+    return results
+
+
 @click.command()
 @click.option("--only", default="", help="rows whose name holds this")
 @click.option("--out", default="runs/bench-user-faults", show_default=True)
 @click.option("--hang-s", default=240.0, show_default=True, help="a command not ended by then hung")
 def main(only: str, out: str, hang_s: float) -> None:
+    attacks = attacks_table(only, Path(out))
     results = []
     for name, (what, overrides) in ROWS.items():
         if only in name:
@@ -103,6 +235,8 @@ def main(only: str, out: str, hang_s: float) -> None:
             r["what"] = what
             console.print(f"{name}: rc={r['rc']} {r['seconds']:.0f}s {r['said'] or ''}", markup=False)
             results.append(r)
+    if not results:
+        return
     columns = ("fault", "first line the user saw", "stopped after / failures counted", "non-finite samples trained",
                "non-finite versions published", "hung")
     cells = [[r["what"], (r["said"] or "(no error: the run finished)")[:160],
@@ -119,6 +253,7 @@ def main(only: str, out: str, hang_s: float) -> None:
     md += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
     (Path(out) / "table.md").write_text("\n".join(md) + "\n")
     bad = [r["name"] for r in results if r["hung"] or r["nonfinite_trained"] or r["nonfinite_published"]]
+    bad += [r["name"] for r in attacks if r["hung"] or not r["contained"]]
     if bad:
         raise SystemExit(f"hung or non-finite: {bad}")
 
