@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 IN_CI := $(filter-out 0 false no FALSE False NO,$(CI))
 SLOW_TIMEOUT ?= 1500
 
-.PHONY: run test test-slow install clean
+.PHONY: run test test-slow docs install clean
 
 $(STAMP): pyproject.toml setup.cfg
 	$(PY) -m venv $(VENV)
@@ -63,5 +63,9 @@ test-slow: $(STAMP)
 	@timeout $(SLOW_TIMEOUT) $(BIN)/python -m pytest -q --durations=25 -m slow; rc=$$?; \
 	if [ $$rc -eq 124 ]; then echo "the slow stage ran past SLOW_TIMEOUT=$(SLOW_TIMEOUT) s: failing" >&2; fi; exit $$rc
 
+# The docs site (mkdocs-material; the flow and CLI references are generated from the code first), served locally.
+docs: $(STAMP)
+	$(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site
