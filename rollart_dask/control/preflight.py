@@ -34,6 +34,8 @@ async def _one(task: TaskConfig, s, worker: str) -> dict:
         episode = await s.d.submit_one("preflight", tasks.env_preflight, item, pool="CPU", worker=worker)
     except Exception as e:
         raise RuntimeError(f"env: {_said(e)}") from None
+    if "user_error" in episode:
+        raise RuntimeError(f"env: {episode['user_error']}")
     traj = Trajectory(id=f"preflight-{task.name}", group_id="preflight", task=task.name, seed=0, info=episode["info"],
                       turns=[Turn(observation=t["observation"], prompt_ids=[], response_ids=[], logprobs=[], allowed_ids=None, version=0,
                                   action=t["action"], env_reward=t["env_reward"]) for t in episode["turns"]])

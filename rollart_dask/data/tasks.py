@@ -247,9 +247,15 @@ def trainer_warm_start(demos: list[dict], steps: int, batch: int, lr: float, see
 
 
 def env_preflight(item: dict) -> dict:
+    """The episode, or {"user_error": message}: the user's fault is an answer, not a failed task (which every worker
+    would log as "Compute Failed" with a traceback before the pre-flight's own clear report)."""
     from rollart_dask.data.envhost import preflight_episode
+    from rollart_dask.usercode import UserFunctionError
 
-    return preflight_episode(item)
+    try:
+        return preflight_episode(item)
+    except UserFunctionError as e:
+        return {"user_error": str(e)}
 
 
 def env_expert_demos(item: dict) -> list[dict]:
