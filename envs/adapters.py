@@ -199,7 +199,11 @@ class TextArenaEnv:
     action_choices = None  # free text
 
     def __init__(self, env_id: str, max_turns: int | None = None, **kwargs):
-        import textarena  # noqa: F401  (fail here, not at the first reset, when it is missing)
+        try:
+            import textarena  # noqa: F401  (fail here, not at the first reset, when it is missing)
+        except ImportError as e:
+            raise ImportError("the TextArena adapter needs the package 'textarena', which is not installed: "
+                              "pip install 'rollart-dask[envs]'") from e
 
         self.env_id, self.max_turns, self.kwargs = env_id, max_turns, kwargs
         self._env = None

@@ -34,7 +34,11 @@ BLOCK = 1000  # entries per cached dataset object: some generators precompute pe
 
 @functools.lru_cache(maxsize=64)
 def _dataset(name: str, args_json: str, block_seed: int):
-    import reasoning_gym
+    try:
+        import reasoning_gym
+    except ImportError as e:
+        raise ImportError("the reasoning-gym tasks need the package 'reasoning_gym', which is not installed: "
+                          "pip install 'rollart-dask[envs]'") from e
 
     return reasoning_gym.create_dataset(name, seed=block_seed, size=BLOCK, **json.loads(args_json))
 

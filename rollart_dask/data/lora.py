@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollart_dask.extras import require
+
 if TYPE_CHECKING:
     from rollart_dask.config import LoraConfig
 
@@ -20,6 +22,7 @@ ADAPTER_FILE, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json
 
 
 def peft_config(lora: LoraConfig, base_dir: str | Path | None = None):
+    require("peft", "llm", "trainer.lora")
     from peft import LoraConfig as PeftLoraConfig
 
     return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout,
@@ -29,6 +32,7 @@ def peft_config(lora: LoraConfig, base_dir: str | Path | None = None):
 def wrap(model, lora: LoraConfig, base_dir: str | Path | None = None):
     """``model`` with a fresh adapter on ``lora.target_modules``; only the adapter is trainable. The adapter's B
     starts at zero, so before its first update the model computes exactly what the base does."""
+    require("peft", "llm", "trainer.lora")
     from peft import get_peft_model
 
     try:
@@ -85,6 +89,8 @@ def merge(adapter_dir: str | Path, out: str | Path, base_dir: str | Path | None 
     """A full Hugging Face model directory: the base (``base_dir``, or the adapter config's
     ``base_model_name_or_path``) with the adapter folded into its weights, plus the tokenizer."""
     import torch
+
+    require("peft", "llm", "merging a LoRA adapter")
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -147,6 +147,12 @@ def report_command(run_dirs, out):
     """A static HTML page with PNGs of one run, or comparing runs (a folder stands for every run below it): held-out
     success over time and versions, train reward, entropy/KL/clip fraction, staleness, aborted/dropped/failed, the six
     phases, pool busy fractions, weight transfer, the reward service."""
+    from rollart_dask.extras import MissingExtra, require
+
+    try:
+        require("matplotlib", "report", "rollart report")
+    except MissingExtra as e:
+        raise click.ClickException(str(e))
     from rollart_dask.tools.report import ReportError, build_report
 
     try:

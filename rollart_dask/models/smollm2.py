@@ -74,7 +74,7 @@ def build_smollm2(cache: str | Path | None = None) -> Path:
     src = gguf_path()
     for module in ("gguf", "accelerate"):
         if importlib.util.find_spec(module) is None:
-            raise ModelUnavailable(f"loading {GGUF} needs the package {module!r}: pip install {module}")
+            raise ModelUnavailable(f"loading {GGUF} needs the package {module!r}: pip install 'rollart-dask[llm]'")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -143,6 +143,9 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
 def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
     # The Figure itself, not pyplot: no backend is chosen or switched (in a notebook kernel pyplot's
     # inline backend stays as it was), and the PNG is drawn by Agg either way.
+    from rollart_dask.extras import require
+
+    require("matplotlib", "report", "the ablation's figure (results.png)")
     from matplotlib.figure import Figure
 
     label, unit, _ = METRICS[spec.metric]
