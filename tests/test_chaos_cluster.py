@@ -42,10 +42,13 @@ def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path):
     assert row["completed"], (row.get("error"), row.get("waiting_in"))
     assert not row["inject_errors"] and len(row["faults"]) == len(SCENARIOS[name].faults), row
     assert row["samples_lost"] == 0 and row["accounting"]["unaccounted"] == 0, row["accounting"]
-    assert row["leaked_processes"] == 0 and row["leaked_envs"] in (0, None), row
-    if name == "process-kill-resume":
-        assert row["continued"] and row["steps_redone"] >= 0, row  # the version and the optimizer's steps go on from the checkpoint
+    assert row["leaked_processes"] == 0, row
+    if name == "process-kill-resume":  # (its envs died with the killed process: there is no count of them to read)
+        # the version and the optimizer's steps go on from the checkpoint; with one every step, at most the step in flight
+        # at the kill is redone
+        assert row["continued"] and 0 <= row["steps_redone"] <= 1, row
     else:
+        assert row["leaked_envs"] == 0, row
         assert row["steps"] == max(6, SCENARIOS[name].min_steps), row  # one optimizer step per step: none trained twice, none lost
         assert row["envs"]["envs_made"] == row["envs"]["envs_closed"] > 0, row["envs"]
         assert not row["checkpoints"]["partial"] and row["checkpoints"]["latest_whole"], row["checkpoints"]  # failed writes leave none
