@@ -5,7 +5,7 @@ Both runs use the same flow, seeds and step count, one after the other in this p
 a fresh embedded cluster; `serverless` calls the rewards through boto3 → a local Lambda-compatible
 endpoint started for the run (or `--set reward.endpoint_url=…`). Per run it reports the wall time
 per training step (our rollout time per step: trajectories are decoupled from steps), the reward
-call latency, and the utilisation of reward capacity as DESIGN.md defines it:
+call latency, and the utilisation of reward capacity (docs/concepts/rewards.md):
   local      = busy time / reserved time of the dedicated REWARD worker
   serverless = billed duration / lifetime of the execution environments the endpoint kept
 

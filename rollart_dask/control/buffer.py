@@ -4,7 +4,7 @@ No Dask, no asyncio: the control plane feeds it events (a group opened, a trajec
 at a version, finished, failed) and carries out what it answers (launch these members,
 cancel those). Tested without a cluster.
 
-Rules (DESIGN.md §6):
+Rules (docs/concepts/asynchrony.md):
 - A group of size G (per task) launches G + r members; the first G to finish are kept, the rest are
   cancelled and counted as redundant.
 - A member that fails or is aborted is replaced: from the redundant members still running,

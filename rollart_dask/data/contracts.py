@@ -1,4 +1,4 @@
-"""Written contracts of the data plane's services (DESIGN.md §3): what the runtime — task functions,
+"""Written contracts of the data plane's services (docs/architecture.md): what the runtime — task functions,
 the weight store, the step loop — calls on an engine, a trainer and the reward runner.
 
 Backends implement them without inheriting (``typing.Protocol``), and are built from their flow
