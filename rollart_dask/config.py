@@ -201,10 +201,11 @@ class PDConfig(Strict):
 class UserFaultsConfig(Strict):
     """When a task's own code (env, reward) fails often enough that the run stops, naming it (control/breaker.py)."""
 
-    consecutive: int = Field(8, ge=0, description="failed trajectories of one task in a row that stop the run; 0: never stop (failures "
-                                                  "are still counted and never trained)")
-    share: float = Field(0.5, gt=0, le=1, description="or: more than this share of the task's last `window` trajectories failed")
-    window: int = Field(40, ge=1, description="trajectories the share is taken over")
+    consecutive: int = Field(4, ge=0, description="groups of one task in a row with a failed trajectory that stop the run (a group: "
+                                                  "one problem's trajectories, which a reward failing on that problem fails together); "
+                                                  "0: never stop (failures are still counted and never trained)")
+    share: float = Field(0.5, gt=0, le=1, description="or: more than this share of the task's last `window` groups had a failed trajectory")
+    window: int = Field(20, ge=1, description="groups the share is taken over")
 
 
 class RolloutConfig(Strict):

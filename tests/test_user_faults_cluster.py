@@ -91,7 +91,7 @@ def stopped(out, *names: str) -> str:
 
 def test_a_reward_that_raises_on_the_runs_trajectories_stops_the_run_naming_the_function_and_its_traceback(address, tmp_path, model_dir, run_async):
     out, rows, seconds = run_with(address, tmp_path, model_dir, run_async, {"reward": "faults_mod:raises_later"})
-    text = stopped(out, "task 'frozenlake': 4 trajectories in a row failed in its reward",
+    text = stopped(out, "task 'frozenlake': 4 groups in a row failed",
                    "faults_mod.raises_later) raised KeyError: 'no such key'", 'else trajectory["no such key"]')
     assert seconds < 60, seconds
     assert out.partial["stopped_by"] == "UserFault" and out.partial["counts"]["user_faults_reward"] >= 4 and out.partial["steps"] == 0
@@ -163,7 +163,7 @@ def test_rollart_run_ends_a_user_fault_with_its_error_not_a_traceback_and_writes
     res = CliRunner().invoke(main, ["run", str(flow), "--scheduler", address, "--out", str(out)])
     assert res.exit_code == 1 and not isinstance(res.exception, KeyError), res.output
     text = " ".join(res.output.split())
-    assert "Error: the run stopped after 0 steps: stopped: task 'frozenlake': 4 trajectories in a row failed in its reward" in text
+    assert "Error: the run stopped after 0 steps: stopped: task 'frozenlake': 4 groups in a row failed" in text
     assert "Traceback (most recent call last)" not in res.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "UserFault" and "raises_later" in summary["error"] and summary["checkpoint"]

@@ -43,8 +43,8 @@ def test_the_breaker_trips_after_k_failures_in_a_row_of_one_task_and_an_ok_reset
     stop = b.failed(fault())
     assert stop is not None
     text = str(stop)
-    assert "task 't': 3 trajectories in a row failed in its reward: reward 'r' raised KeyError: 'x'" in text
-    assert 'File "mod.py", line 3' in text and "failures so far by call: reward 5" in text
+    assert "task 't': 3 groups in a row failed (3 trajectories) in its reward: reward 'r' raised KeyError: 'x'" in text
+    assert 'File "mod.py", line 3' in text and "failed trajectories so far by call: reward 5" in text
 
 
 def test_the_breaker_trips_on_a_share_of_the_last_window_and_never_with_consecutive_zero():
@@ -52,10 +52,23 @@ def test_the_breaker_trips_on_a_share_of_the_last_window_and_never_with_consecut
     for i in range(20):  # every other one fails: not more than half
         assert (b.failed(fault(call="step")) if i % 2 else b.ok("t")) is None
     stop = b.failed(fault(call="step"))  # 6 of the last 10
-    assert stop is not None and "6 of its last 10 trajectories failed" in str(stop)
+    assert stop is not None and "6 of its last 10 groups failed" in str(stop)
     assert b.failed(fault(call="step")) is None  # once: the run is stopping
     off = FaultBreaker(consecutive=0, share=0.5, window=10)
     assert all(off.failed(fault()) is None for _ in range(50)) and off.failures["t", "reward"] == 50
+
+
+def test_the_breaker_counts_groups_so_a_reward_failing_on_one_problem_in_ten_never_stops_the_run():
+    """Every trajectory of a problem (a group) fails together when the reward fails on that problem: a group of 8 is
+    one failure in a row, not 8."""
+    b = FaultBreaker(consecutive=4, share=0.5, window=20)
+    for g in range(200):  # 10% of the problems fail in the reward, each with its whole group of 8
+        for _ in range(8):
+            assert (b.failed(fault(), f"g{g}") if g % 10 == 3 else b.ok("t", f"g{g}")) is None
+    assert b.failures["t", "reward"] == 20 * 8 and not b.tripped
+    for g in range(200, 204):  # a reward that now fails on every problem: 4 groups in a row
+        stops = [b.failed(fault(), f"g{g}") for _ in range(8)]
+    assert stops[0] is not None and "4 groups in a row failed (25 trajectories)" in str(stops[0])
 
 
 def test_only_the_users_code_is_a_user_fault_never_the_infrastructure():

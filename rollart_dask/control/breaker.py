@@ -8,7 +8,7 @@ below the thresholds are counted and the run goes on. Pure: no cluster, testable
 """
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict
 
 from rollart_dask.control.dispatch import CallFailed
 
@@ -46,43 +46,52 @@ def as_user_fault(stage: str, task: str, e: BaseException) -> BaseException:
 
 
 class FaultBreaker:
-    """Per task: trips after ``consecutive`` failed trajectories in a row, or when more than ``share`` of its last
-    ``window`` ended failed (once ``window`` have ended). ``consecutive`` 0: never trips (failures are still counted)."""
+    """Per task, counted in groups (the trajectories of one problem: a reward that fails on one problem fails its whole
+    group at once): trips after ``consecutive`` groups in a row with a failed trajectory, or when more than ``share``
+    of its last ``window`` groups had one (once ``window`` have ended). ``consecutive`` 0: never trips (failures are
+    still counted). A call without a group is a group of its own."""
 
     def __init__(self, consecutive: int, share: float, window: int):
         self.consecutive, self.share, self.window = consecutive, share, window
-        self.recent: dict[str, deque] = {}
-        self.in_a_row: Counter = Counter()
+        self.recent: dict[str, OrderedDict] = {}  # task → group → whether one of its trajectories failed (last `window`)
+        self.streak: dict[str, dict] = {}  # task → the groups of its current run of failures → their failed trajectories
         self.failures: Counter = Counter()  # (task, call) → failed trajectories
         self.first: dict[str, UserCodeFailed] = {}  # task → its first failure (the traceback the error shows)
         self.tripped = False
 
-    def ok(self, task: str) -> None:
-        self._recent(task).append(False)
-        self.in_a_row[task] = 0
+    def ok(self, task: str, group: str | None = None) -> None:
+        self._mark(task, group, False)
+        self.streak[task] = {}
 
-    def failed(self, e: UserCodeFailed) -> UserFault | None:
+    def failed(self, e: UserCodeFailed, group: str | None = None) -> UserFault | None:
         """Count one failed trajectory; the UserFault that stops the run once the task is past a threshold."""
-        recent = self._recent(e.task)
-        recent.append(True)
-        self.in_a_row[e.task] += 1
+        key = self._mark(e.task, group, True)
+        streak = self.streak.setdefault(e.task, {})
+        streak[key] = streak.get(key, 0) + 1
         self.failures[e.task, e.call] += 1
         self.first.setdefault(e.task, e)
         if not self.consecutive or self.tripped:
             return None
-        n, bad = len(recent), sum(recent)
-        if self.in_a_row[e.task] >= self.consecutive:
-            why = f"{self.in_a_row[e.task]} trajectories in a row failed"
+        recent = self.recent[e.task]
+        n, bad = len(recent), sum(recent.values())
+        if len(streak) >= self.consecutive:
+            why = f"{len(streak)} groups in a row failed ({sum(streak.values())} trajectories)"
         elif n >= self.window and bad > self.share * n:
-            why = f"{bad} of its last {n} trajectories failed (more than rollout.user_faults.share={self.share})"
+            why = f"{bad} of its last {n} groups failed (more than rollout.user_faults.share={self.share})"
         else:
             return None
         self.tripped = True  # once: the run is stopping
         counts = ", ".join(f"{call} {k}" for (t, call), k in sorted(self.failures.items()) if t == e.task)
         first = self.first[e.task]
         return UserFault(f"stopped: task {e.task!r}: {why} in its {e.call}: {e.detail.splitlines()[0]}\n"
-                         f"failures so far by call: {counts}. The first one:\n{first.detail}\n"
+                         f"failed trajectories so far by call: {counts}. The first one:\n{first.detail}\n"
                          "(a fault of the task's env or reward code; the thresholds are rollout.user_faults)")
 
-    def _recent(self, task: str) -> deque:
-        return self.recent.setdefault(task, deque(maxlen=self.window))
+    def _mark(self, task: str, group: str | None, failed: bool):
+        groups = self.recent.setdefault(task, OrderedDict())
+        key = group if group is not None else object()
+        groups[key] = groups.get(key, False) or failed
+        groups.move_to_end(key)
+        while len(groups) > self.window:
+            groups.popitem(last=False)
+        return key

@@ -149,11 +149,11 @@ class Launcher:
             orders = self.buffer.failed(traj.id, "failed")
             if isinstance(e, UserCodeFailed):
                 self.counts[f"user_faults_{e.call}"] += 1
-                fault = self.breaker.failed(e)
+                fault = self.breaker.failed(e, traj.group_id)
                 if fault is not None and self.on_fatal is not None:
                     self.on_fatal(fault)
         else:
-            self.breaker.ok(traj.task)
+            self.breaker.ok(traj.task, traj.group_id)
         self.carry_out(orders)
 
     def drain_trajectory_s(self) -> dict:
