@@ -19,7 +19,7 @@ PKG = "rollart_dask"
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("vocabulary", ("rollart_dask.types", "rollart_dask.resource.pools", "rollart_dask.registries", "rollart_dask.capabilities")),
-    ("config and pure parts", ("rollart_dask.config", "rollart_dask.observe", "rollart_dask.trackers", "rollart_dask.registry", "rollart_dask.declare", "rollart_dask.usercode", "rollart_dask.algo", "rollart_dask.models")),
+    ("config and pure parts", ("rollart_dask.config", "rollart_dask.observe", "rollart_dask.trackers", "rollart_dask.registry", "rollart_dask.declare", "rollart_dask.usercode", "rollart_dask.extras", "rollart_dask.algo", "rollart_dask.models")),
     ("resource plane", ("rollart_dask.resource",)),
     ("data plane", ("rollart_dask.data",)),
     ("control plane", ("rollart_dask.control",)),
