@@ -117,13 +117,13 @@ def test_nan_rewards_on_some_trajectories_are_failures_counted_never_trained(add
 @pytest.mark.parametrize("reward, value", [("string_later", "score '1.0' (str)"), ("inf_later", "score inf")])
 def test_a_reward_value_that_is_not_a_finite_number_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, reward, value):
     out, rows, _ = run_with(address, tmp_path, model_dir, run_async, {"reward": f"faults_mod:{reward}"})
-    stopped(out, "failed in its reward", value, "a finite number, or a dict with a finite numeric 'score'")
+    stopped(out, "in its reward: ", value, "a finite number, or a dict with a finite numeric 'score'")
 
 
 @pytest.mark.slow  # (each a tiny run on the shared cluster; the default stage keeps the pre-flight and the breaker on a reward)
 @pytest.mark.parametrize("env, names", [
-    ("StepRaisesLater", ("failed in its step", "StepRaisesLater.step raised RuntimeError: the user's step is broken", "faults_mod.py")),
-    ("DictObservationLater", ("failed in its step", "DictObservationLater.step returned an observation of type dict", "is a string")),
+    ("StepRaisesLater", ("in its step: ", "StepRaisesLater.step raised RuntimeError: the user's step is broken", "faults_mod.py")),
+    ("DictObservationLater", ("in its step: ", "DictObservationLater.step returned an observation of type dict", "is a string")),
 ])
 def test_an_env_that_raises_or_returns_no_text_on_the_runs_trajectories_stops_the_run_naming_it(address, tmp_path, model_dir, run_async, env, names):
     out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": f"faults_mod:{env}"})
@@ -135,7 +135,7 @@ def test_an_env_that_raises_or_returns_no_text_on_the_runs_trajectories_stops_th
 def test_an_env_step_that_hangs_past_its_timeout_stops_the_run(address, tmp_path, model_dir, run_async):
     out, _, seconds = run_with(address, tmp_path, model_dir, run_async, {"env": "faults_mod:StepHangsLater"},
                                **{"rollout.env_timeout_s": 2, "rollout.user_faults": {"consecutive": 2}, "eval.seeds": 1})
-    stopped(out, "failed in its step", "env-step on", "gave no answer in 2s")
+    stopped(out, "in its step: ", "env-step on", "gave no answer in 2s")
     assert seconds < 60, seconds
 
 
