@@ -143,7 +143,7 @@ ATTACKS = {  # name → (what, the program, what it must get); {sock} / {secret}
 
 
 def attack(name: str, program: str) -> dict:
-    from envs.code_sandbox import Limits, make_sandbox
+    from rollart_dask.envs.code_sandbox import Limits, make_sandbox
 
     planted = Path(tempfile.mkdtemp(dir="/var/tmp"))
     os.chmod(planted, 0o755)

@@ -306,7 +306,7 @@ class Injected:
             lat = getattr(self.spec, key)
             if isinstance(lat, EmpiricalLatency):
                 d[key].update(path=str(lat.path), n=len(lat._points))
-        return {"emulated": True, "wrapper": "envs.inject.Injected", "inner": type(self.env).__qualname__, **d}
+        return {"emulated": True, "wrapper": "rollart_dask.envs.inject.Injected", "inner": type(self.env).__qualname__, **d}
 
     def _inject(self) -> float:
         index = self._calls
@@ -347,8 +347,8 @@ def make_injected(inner_factory: Callable[..., Any], spec: dict | InjectSpec | N
 
 
 def injected(inner: str, inject: dict | None = None, **inner_kwargs) -> Injected:
-    """Env entry usable by name from a flow: ``env: "envs.inject:injected"`` with env_args
-    ``{inner: "envs.frozenlake:FrozenLakeText", inject: {...spec...}, size: 4}``.
+    """Env entry usable by name from a flow: ``env: "rollart_dask.envs.inject:injected"`` with env_args
+    ``{inner: "rollart_dask.envs.frozenlake:FrozenLakeText", inject: {...spec...}, size: 4}``.
     ``inner`` is "module:attr" (registered short names live in the runtime, which envs/ does not import)."""
     module, sep, attr = inner.partition(":")
     if not sep:

@@ -178,7 +178,7 @@ class TaskConfig(Strict):
     @model_validator(mode="after")
     def _inject_spec(self):
         if self.inject is not None:
-            from envs.inject import parse_spec
+            from rollart_dask.envs.inject import parse_spec
 
             parse_spec(self.inject)  # a bad spec fails at load time, naming its key
         return self
@@ -204,7 +204,7 @@ class UserFaultsConfig(Strict):
     consecutive: int = Field(4, ge=0, description="groups of one task in a row with a failed trajectory that stop the run (a group: "
                                                   "one problem's trajectories, which a reward failing on that problem fails together); "
                                                   "0: never stop (failures are still counted and never trained)")
-    share: float = Field(0.5, gt=0, le=1, description="or: more than this share of the task's last `window` groups had a failed trajectory")
+    share: float = Field(0.5, gt=0, le=1, description="or: more than this share of the trajectories of the task's last `window` groups failed")
     window: int = Field(20, ge=1, description="groups the share is taken over")
 
 

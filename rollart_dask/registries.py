@@ -6,8 +6,37 @@ dependencies (vllm, megatron-core, the emulation tool) load only where they are 
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
+import warnings
 from typing import Any, Iterator
+
+# This project's envs/ and rewards/ folders installed as top-level packages until 2026-12-06; their old names
+# ("envs.frozenlake:FrozenLakeText") still resolve, with a warning that gives the new one.
+RENAMED = {"envs": "rollart_dask.envs", "rewards": "rollart_dask.rewards"}
+
+
+@functools.lru_cache(maxsize=None)
+def current_module_name(module: str) -> str:
+    """An old name of this project's envs or rewards → the name it installs under now; any other module as it is.
+    A user's own top-level ``envs`` or ``rewards`` package wins: a name inside it is theirs."""
+    top, dot, rest = module.partition(".")
+    if top not in RENAMED:
+        return module
+    old = importlib.util.find_spec(top)
+    if old is not None and old.origin != importlib.util.find_spec(RENAMED[top]).origin:
+        return module
+    new = RENAMED[top] + dot + rest
+    warnings.warn(f"{module!r} is an old name: this project's {top} install as {RENAMED[top]} now; write {new!r}",
+                  FutureWarning, stacklevel=3)
+    return new
+
+
+def import_target(target: str) -> Any:
+    """The object a ``"module:attr"`` string names (old names of this project's envs and rewards included)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(current_module_name(module)), attr)
 
 
 class UnknownName(KeyError):
@@ -54,8 +83,7 @@ class Registry:
     def get(self, name: str) -> Any:
         target = self._entries[self.check(name)]
         if isinstance(target, str):  # resolved once: later calls get the object itself
-            module, _, attr = target.partition(":")
-            target = self._entries[name] = getattr(importlib.import_module(module), attr)
+            target = self._entries[name] = import_target(target)
         return target
 
     __getitem__ = get

@@ -13,25 +13,25 @@ import sys
 import threading
 from typing import Any, Callable
 
-from rollart_dask.registries import Registry, UnknownName
+from rollart_dask.registries import Registry, UnknownName, import_target
 
 ENVS = Registry("env", {
-    "frozenlake": "envs.frozenlake:FrozenLakeText",
-    "sokoban": "envs.sokoban:SokobanText",
-    "math": "envs.reasoning:MathEnv",
-    "code": "envs.code_sandbox:CodeSandboxEnv",
-    "gym": "envs.adapters:GymnasiumText",
-    "textarena": "envs.adapters:TextArenaEnv",
-    "synthetic": "envs.synthetic:SyntheticAgentEnv",  # EMULATED workload shape, for ablations on emulated hardware
+    "frozenlake": "rollart_dask.envs.frozenlake:FrozenLakeText",
+    "sokoban": "rollart_dask.envs.sokoban:SokobanText",
+    "math": "rollart_dask.envs.reasoning:MathEnv",
+    "code": "rollart_dask.envs.code_sandbox:CodeSandboxEnv",
+    "gym": "rollart_dask.envs.adapters:GymnasiumText",
+    "textarena": "rollart_dask.envs.adapters:TextArenaEnv",
+    "synthetic": "rollart_dask.envs.synthetic:SyntheticAgentEnv",  # EMULATED workload shape, for ablations on emulated hardware
 })
 REWARDS = Registry("reward", {
-    "frozenlake": "rewards.frozenlake:reward",
-    "sokoban": "rewards.sokoban:reward",
-    "math": "rewards.reasoning:reward",
-    "code": "rewards.code:reward",
-    "env_return": "rewards.env_return:reward",
-    "judge": "rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
-    "emulated": "rewards.emulated:reward",  # EMULATED reward cost (sleeps), with the synthetic env
+    "frozenlake": "rollart_dask.rewards.frozenlake:reward",
+    "sokoban": "rollart_dask.rewards.sokoban:reward",
+    "math": "rollart_dask.rewards.reasoning:reward",
+    "code": "rollart_dask.rewards.code:reward",
+    "env_return": "rollart_dask.rewards.env_return:reward",
+    "judge": "rollart_dask.rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
+    "emulated": "rollart_dask.rewards.emulated:reward",  # EMULATED reward cost (sleeps), with the synthetic env
 })
 register_env = ENVS.register  # register_env(name, factory | "module:attr")
 register_reward = REWARDS.register  # register_reward(name, fn | "module:attr")
@@ -70,8 +70,7 @@ def _resolve(kind: str, registry: Registry, name: str) -> Any:
     if target is None:
         known = sorted({*found, *registry.names()})
         raise UnknownName(f"unknown {kind} {name!r}; registered: {', '.join(known)} (or give 'module:attr')")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return import_target(target)
 
 
 def make_env(name: str, **kwargs) -> Any:

@@ -4,8 +4,8 @@ import csv
 
 import pytest
 
-from envs.inject import parse_spec
-from envs.synthetic import SyntheticAgentEnv, length_mean
+from rollart_dask.envs.inject import parse_spec
+from rollart_dask.envs.synthetic import SyntheticAgentEnv, length_mean
 from rollart_dask.tools.ablation import ablation_names, load_ablation
 from rollart_dask.tools.ablation.measure import engine_workers, fraction, reward_slots, summarise, variant_flow
 from rollart_dask.tools.ablation.report import rows_of, write_report

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.code_sandbox import (FAMILIES, CodeSandboxEnv, DockerSandbox, Limits, SandboxUnavailable, extract_code,
+from rollart_dask.envs.code_sandbox import (FAMILIES, CodeSandboxEnv, DockerSandbox, Limits, SandboxUnavailable, extract_code,
                                make_problem, make_sandbox)
-from rewards.code import handler, reward
+from rollart_dask.rewards.code import handler, reward
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "docker"
@@ -307,7 +307,7 @@ def test_unprivileged_user_isolated_or_clear_error(tmp_path):
     """)
     probe = textwrap.dedent(f"""
         import json
-        from envs.code_sandbox import SubprocessSandbox, SandboxUnavailable, Limits
+        from envs.code_sandbox import SubprocessSandbox, SandboxUnavailable, Limits  # the folder itself: not installed for this uid
         try:
             sb = SubprocessSandbox(Limits(cpu_s=1, wall_s=3), scratch_root={str(scratch_root)!r})
         except SandboxUnavailable as e:
@@ -415,7 +415,7 @@ def test_home_is_hidden_even_when_the_interpreter_lives_there(tmp_path):
 
 def test_an_interpreter_installed_at_home_itself_is_refused(tmp_path, monkeypatch):
     """interpreter_dirs shows only the installation, and refuses one that is $HOME (it would show it all)."""
-    from envs.code_sandbox.sandbox import interpreter_dirs
+    from rollart_dask.envs.code_sandbox.sandbox import interpreter_dirs
 
     home = tmp_path / "home"
     for name, prefix in (("pyenv", home / "pyenv"), ("athome", home)):

@@ -1,5 +1,5 @@
-from envs.frozenlake import FrozenLakeText, parse_action
-from rewards.frozenlake import reward
+from rollart_dask.envs.frozenlake import FrozenLakeText, parse_action
+from rollart_dask.rewards.frozenlake import reward
 from rollart_dask.algo.advantages import grpo_advantages
 from rollart_dask.registry import get_reward, make_env
 
@@ -67,7 +67,7 @@ def test_cli_envs_list_and_try():
     from rollart_dask.entry.cli import main
 
     res = CliRunner().invoke(main, ["envs", "list"])
-    assert res.exit_code == 0 and "frozenlake" in res.output and "envs.frozenlake:FrozenLakeText" in res.output
+    assert res.exit_code == 0 and "frozenlake" in res.output and "rollart_dask.envs.frozenlake:FrozenLakeText" in res.output
     env = FrozenLakeText()
     env.reset(3)
     path = env.shortest_path()
@@ -84,8 +84,39 @@ def test_env_and_reward_names_are_taken_once():
     from rollart_dask.registry import make_env, register_env, register_reward
 
     with pytest.raises(ValueError, match="env 'frozenlake' is already registered"):
-        register_env("frozenlake", "envs.sokoban:SokobanText")
+        register_env("frozenlake", "rollart_dask.envs.sokoban:SokobanText")
     with pytest.raises(ValueError, match="reward 'math' is already registered"):
-        register_reward("math", "rewards.frozenlake:reward")
+        register_reward("math", "rollart_dask.rewards.frozenlake:reward")
     with pytest.raises(KeyError, match="unknown env 'nope'; registered: .*frozenlake"):
         make_env("nope")
+
+
+def test_old_top_level_names_still_resolve_and_a_users_own_envs_wins(tmp_path, monkeypatch):
+    """envs/ and rewards/ install as rollart_dask.envs and rollart_dask.rewards; 'envs.…:X' from an older flow
+    resolves to them with a warning naming the new path, unless the user has an `envs` package of their own."""
+    import sys
+
+    import pytest
+
+    from rollart_dask.registries import current_module_name
+    from rollart_dask.registry import get_reward, make_env
+    from rollart_dask.rewards.frozenlake import reward as ours
+
+    current_module_name.cache_clear()
+    with pytest.warns(FutureWarning, match="write 'rollart_dask.envs.frozenlake'"):
+        assert type(make_env("envs.frozenlake:FrozenLakeText")) is FrozenLakeText
+    with pytest.warns(FutureWarning, match="write 'rollart_dask.rewards.frozenlake'"):
+        assert get_reward("rewards.frozenlake:reward") is ours
+
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "__init__.py").write_text("")
+    (tmp_path / "envs" / "frozenlake.py").write_text("class FrozenLakeText:\n    mine = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m == "envs" or m.startswith("envs.")]:
+        monkeypatch.delitem(sys.modules, name)
+    current_module_name.cache_clear()
+    try:
+        assert make_env("envs.frozenlake:FrozenLakeText").mine  # theirs: no redirect into ours
+        assert type(make_env("frozenlake")) is FrozenLakeText  # and ours by its registry name
+    finally:
+        current_module_name.cache_clear()

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from envs.frozenlake import FrozenLakeText
+from rollart_dask.envs.frozenlake import FrozenLakeText
 from tests.conftest import flow_dict
 
 HELD_OUT = 1_000_000

@@ -18,7 +18,7 @@ def test_lora_without_peft_names_the_llm_extra(monkeypatch):
 
 
 def test_a_reasoning_task_without_reasoning_gym_names_the_envs_extra(monkeypatch):
-    from envs import reasoning
+    from rollart_dask.envs import reasoning
 
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)
     reasoning._dataset.cache_clear()

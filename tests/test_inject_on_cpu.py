@@ -10,8 +10,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from envs.frozenlake import FrozenLakeText
-from envs.inject import LATENCY_DIR, Injected, InjectedFailure, InjectSpec, draw, injected, load_latencies, make_injected, parse_spec
+from rollart_dask.envs.frozenlake import FrozenLakeText
+from rollart_dask.envs.inject import LATENCY_DIR, Injected, InjectedFailure, InjectSpec, draw, injected, load_latencies, make_injected, parse_spec
 
 EXAMPLE = "reset_heavy_tail_example.csv"
 QS = (0.5, 0.9, 0.99)
@@ -181,7 +181,7 @@ def test_reproducible_by_seeds_only():
 
 def test_same_draws_in_another_process():
     spec = {"seed": 11, "step_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1}}
-    code = ("import json; from envs.inject import draw, parse_spec; "
+    code = ("import json; from rollart_dask.envs.inject import draw, parse_spec; "
             f"s = parse_spec({spec!r}); print(json.dumps([draw(s, ep, i).latency_s for ep in range(5) for i in range(1, 4)]))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
@@ -238,7 +238,7 @@ def test_factories():
     assert env.size == 3 and env.reset(0)[1]["injected"]["emulated"]
     with pytest.raises(InjectedFailure):
         env.step("L")
-    env = injected("envs.frozenlake:FrozenLakeText", {"reset_latency": None}, size=5)
+    env = injected("rollart_dask.envs.frozenlake:FrozenLakeText", {"reset_latency": None}, size=5)
     assert len(env.reset(1)[0].split("\n")) == 5
     with pytest.raises(ValueError, match="module:attr"):
         injected("frozenlake")

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from rewards import judge
+from rollart_dask.rewards import judge
 
 
 def traj(question="Calculate 3 + 5.", action="8", reference="8", turns=1) -> dict:
@@ -73,7 +73,7 @@ def test_the_judge_is_not_a_lambda_function():
 def test_registry_marks_the_judge_stateful():
     from rollart_dask.registry import reward_names, stateful_reward
 
-    assert reward_names()["judge"] == "rewards.judge:reward"
+    assert reward_names()["judge"] == "rollart_dask.rewards.judge:reward"
     assert stateful_reward("judge") is judge
     assert stateful_reward("math") is None and stateful_reward("frozenlake") is None
 

@@ -79,14 +79,14 @@ def test_management_create_get_update_delete(client, tmp_path):
     assert out["action"] == "created"
     got = client.get_function(FunctionName="fl-mgmt")
     cfg = got["Configuration"]
-    assert cfg["Handler"] == "rewards.frozenlake.handler" and cfg["Timeout"] == 7 and cfg["MemorySize"] == 256
+    assert cfg["Handler"] == "rollart_dask.rewards.frozenlake.handler" and cfg["Timeout"] == 7 and cfg["MemorySize"] == 256
     assert cfg["State"] == "Active" and cfg["Version"] == "$LATEST" and cfg["CodeSha256"] == out["code_sha256"]
     assert cfg["CodeSize"] > 0 and cfg["FunctionArn"].endswith(":function:fl-mgmt")
     assert deploy("fl-mgmt", "frozenlake", client, timeout=7, memory=256)["action"] == "unchanged"  # reproducible zip
     assert deploy("fl-mgmt", "frozenlake", client, timeout=9, memory=256)["configuration"]["Timeout"] == 9
     with pytest.raises(client.exceptions.ResourceConflictException):
         client.create_function(FunctionName="fl-mgmt", Runtime="python3.12", Role="arn:aws:iam::000000000000:role/x",
-                               Handler="rewards.frozenlake.handler", Code={"ZipFile": build_zip("frozenlake")})
+                               Handler="rollart_dask.rewards.frozenlake.handler", Code={"ZipFile": build_zip("frozenlake")})
     client.put_function_concurrency(FunctionName="fl-mgmt", ReservedConcurrentExecutions=3)
     assert client.get_function(FunctionName="fl-mgmt")["Concurrency"]["ReservedConcurrentExecutions"] == 3
     assert "fl-mgmt" in [f["FunctionName"] for f in client.list_functions()["Functions"]]
@@ -104,8 +104,8 @@ def test_update_code_changes_behaviour(client, custom, tmp_path):
 
 
 def test_invoke_matches_direct_reward_frozenlake_and_math(client):
-    from envs.reasoning import MathEnv
-    from rewards import frozenlake, reasoning
+    from rollart_dask.envs.reasoning import MathEnv
+    from rollart_dask.rewards import frozenlake, reasoning
 
     deploy("fl", "frozenlake", client)
     for traj in ({"task": "frozenlake", "info": {"success": True, "malformed": 0}, "turns": []},
@@ -356,7 +356,7 @@ def test_cli_deploy_then_invoke_through_boto3(endpoint, client):
     from click.testing import CliRunner
 
     from rollart_dask.entry.cli import main
-    from rewards.frozenlake import reward
+    from rollart_dask.rewards.frozenlake import reward
 
     runner = CliRunner()
     first = runner.invoke(main, ["rewards", "deploy", "frozenlake", "--endpoint-url", endpoint.url, "--token", endpoint.token])

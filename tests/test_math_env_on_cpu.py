@@ -1,8 +1,8 @@
 """Math env (reasoning-gym generators, their own verifiers) and its reward."""
 import pytest
 
-from envs.reasoning import MathEnv, extract_answer
-from rewards.reasoning import handler, reward
+from rollart_dask.envs.reasoning import MathEnv, extract_answer
+from rollart_dask.rewards.reasoning import handler, reward
 
 EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}
 

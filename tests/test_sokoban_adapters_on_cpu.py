@@ -4,10 +4,10 @@ import re
 
 import pytest
 
-from envs.adapters import GymnasiumText, TextArenaEnv
-from envs.sokoban import SokobanText, parse_action, parse_level
-from rewards.env_return import reward as env_return_reward
-from rewards.sokoban import reward as sokoban_reward
+from rollart_dask.envs.adapters import GymnasiumText, TextArenaEnv
+from rollart_dask.envs.sokoban import SokobanText, parse_action, parse_level
+from rollart_dask.rewards.env_return import reward as env_return_reward
+from rollart_dask.rewards.sokoban import reward as sokoban_reward
 
 HELD_OUT = 1_000_000
 
@@ -118,10 +118,10 @@ def test_sokoban_truncation_and_reward_values():
 def test_registry_resolves_module_attr_names():
     from rollart_dask.registry import get_reward, make_env
 
-    assert isinstance(make_env("envs.sokoban:SokobanText", boxes=1), SokobanText)
-    assert get_reward("rewards.sokoban:reward") is sokoban_reward
-    assert isinstance(make_env("envs.adapters:GymnasiumText", env_id="Taxi-v4"), GymnasiumText)
-    assert get_reward("rewards.env_return:reward") is env_return_reward
+    assert isinstance(make_env("rollart_dask.envs.sokoban:SokobanText", boxes=1), SokobanText)
+    assert get_reward("rollart_dask.rewards.sokoban:reward") is sokoban_reward
+    assert isinstance(make_env("rollart_dask.envs.adapters:GymnasiumText", env_id="Taxi-v4"), GymnasiumText)
+    assert get_reward("rollart_dask.rewards.env_return:reward") is env_return_reward
 
 
 # -- Gymnasium ----------------------------------------------------------------------------

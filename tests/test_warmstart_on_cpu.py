@@ -2,10 +2,10 @@
 imitation that moves the policy (no cluster)."""
 import pytest
 
-from envs.code_sandbox import CodeSandboxEnv
-from envs.frozenlake import FrozenLakeText
-from envs.reasoning import MathEnv
-from envs.sokoban import SokobanText
+from rollart_dask.envs.code_sandbox import CodeSandboxEnv
+from rollart_dask.envs.frozenlake import FrozenLakeText
+from rollart_dask.envs.reasoning import MathEnv
+from rollart_dask.envs.sokoban import SokobanText
 from rollart_dask.config import FlowError, load_flow
 from rollart_dask.data.encoding import demo_sample
 from rollart_dask.data.engine_torch import TorchEngine

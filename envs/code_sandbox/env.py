@@ -10,8 +10,8 @@ The env reward of a step is the fraction of tests that attempt passed.
 info: success, tests_passed, tests_total, backend, verdict (ok, failed, syntax_error, error,
 timeout, memory, process_limit, killed, too_long), turns, seed, family, func.
 Constructor arguments are a flow's ``env_args`` (backend: auto|subprocess|docker, max_turns,
-families, the limits, image, docker_host). In a flow: ``env: envs.code_sandbox:CodeSandboxEnv``
-and ``reward: rewards.code:reward``.
+families, the limits, image, docker_host). In a flow: ``env: rollart_dask.envs.code_sandbox:CodeSandboxEnv``
+and ``reward: rollart_dask.rewards.code:reward``.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from envs.inject import Injected, InjectedFailure, parse_spec
+from rollart_dask.envs.inject import Injected, InjectedFailure, parse_spec
 
 from rollart_dask.config import PromptConfig
 from rollart_dask.models.prompts import Conversation

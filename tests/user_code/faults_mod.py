@@ -4,8 +4,8 @@ The ``*_later`` ones fail only past the pre-flight's episode (seed 0): faults th
 trajectories, which the circuit breaker must catch; the others fail at once, which the pre-flight must catch."""
 import time
 
-from envs.frozenlake import FrozenLakeText
-from rewards.frozenlake import reward as frozenlake_reward
+from rollart_dask.envs.frozenlake import FrozenLakeText
+from rollart_dask.rewards.frozenlake import reward as frozenlake_reward
 
 
 def nan_on_even_turns(trajectory):  # (past the pre-flight's episode)

@@ -1,7 +1,8 @@
 """Deployment zips for reward functions and create-or-update deploys through the Lambda API.
 
-The zip holds the repository's ``rewards/`` and ``envs/`` packages (a reward may import helpers
-from ``envs``), without caches or large data files; the handler is ``<module>.handler``. A reward
+The zip holds this project's ``rollart_dask.rewards`` and ``rollart_dask.envs`` packages (the repository's
+``rewards/`` and ``envs/``; a reward may import helpers from envs) and the declarative API, without caches or
+large data files; the handler is ``<module>.handler``. A reward
 from a user's own module (``@rollart_dask.reward``, or any 'module:attr') adds that module (its file,
 or its top-level package) and the few dependency-free files of rollart_dask its decorator needs; when
 the module has no ``handler`` of its own, the function's handler is ``rollart_dask.declare.handler``,
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from rollart_dask.data.serverless.client import is_aws_endpoint
 
-DEFAULT_PACKAGES = ("rewards", "envs")
+DEFAULT_PACKAGES = ("rollart_dask.rewards", "rollart_dask.envs")
 EXCLUDE_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git"}
 EXCLUDE_SUFFIXES = (".pyc", ".pyo", ".so.tmp")
 MAX_FILE_BYTES = 1 << 20  # larger files are data, not reward code
@@ -30,8 +31,8 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
 def reward_module(reward: str) -> str:
-    """'math' (a registry name) → 'rewards.reasoning'; 'rewards.reasoning:reward' → 'rewards.reasoning';
-    anything else is a module name as it is."""
+    """'math' (a registry name) → 'rollart_dask.rewards.reasoning'; 'rollart_dask.rewards.reasoning:reward' →
+    'rollart_dask.rewards.reasoning'; anything else is a module name as it is."""
     if ":" in reward:
         return reward.split(":", 1)[0]
     if "." in reward:
@@ -46,7 +47,9 @@ def handler_for(reward: str) -> str:
     return f"{reward_module(reward)}.handler"
 
 
+# importing rollart_dask.rewards runs rollart_dask/__init__.py, which loads the declarative API: these files, no more
 DECLARE_FILES = ("rollart_dask/__init__.py", "rollart_dask/declare.py", "rollart_dask/registry.py", "rollart_dask/registries.py")
+HERE = Path(__file__).resolve().parents[3]  # the folder holding the rollart_dask package
 
 
 def reward_target(reward: str) -> str:
@@ -57,45 +60,45 @@ def reward_target(reward: str) -> str:
 
 
 def user_code(module: str) -> list[tuple[Path, str]]:
-    """(root, entry) pairs a zip needs for a reward module outside this project's packages: its file or top-level
-    package, and rollart_dask's declarative API (which the module may import); [] for the project's own rewards."""
-    top = module.split(".")[0]
-    if top in DEFAULT_PACKAGES:
+    """(source, zip path) pairs a zip needs for a reward module outside this project's packages: its file or
+    top-level package; [] for the project's own rewards."""
+    if module.startswith(tuple(f"{p}." for p in DEFAULT_PACKAGES)):
         return []
+    top = module.split(".")[0]
     spec = importlib.util.find_spec(top)
     if spec is None or spec.origin is None and not spec.submodule_search_locations:
         raise FileNotFoundError(f"reward module {module!r} is not importable here, so it cannot be packaged")
     if spec.submodule_search_locations:
         folder = Path(next(iter(spec.submodule_search_locations))).resolve()
-        own = (folder.parent, folder.name)
-    else:
-        own = (Path(spec.origin).resolve().parent, Path(spec.origin).name)
-    here = Path(__file__).resolve().parents[3]  # the folder holding the rollart_dask package
-    return [own, *((here, f) for f in DECLARE_FILES)]
+        return [(folder, folder.name)]
+    return [(Path(spec.origin).resolve(), Path(spec.origin).name)]
 
 
-def project_root() -> Path:
-    """The directory holding the ``rewards`` package (the repository root for an editable install)."""
-    spec = importlib.util.find_spec("rewards")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the 'rewards' package is not importable: pass root=")
-    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+def package_sources(packages=DEFAULT_PACKAGES) -> list[tuple[Path, str]]:
+    """(folder, zip path) of each package as installed, and the declarative API's files: in a checkout
+    rollart_dask.rewards is the repository's rewards/ folder, zipped as rollart_dask/rewards/."""
+    out = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"the {name!r} package is not importable: pass root= and include=")
+        out.append((Path(next(iter(spec.submodule_search_locations))).resolve(), name.replace(".", "/")))
+    return out + [(HERE / f, f) for f in DECLARE_FILES]
 
 
-def _files(root: Path, entry: str, max_file_bytes: int):
-    base = root / entry
-    if base.is_file():
-        yield base, entry
+def _files(source: Path, arc: str, max_file_bytes: int):
+    if source.is_file():
+        yield source, arc
         return
-    if not base.is_dir():
-        raise FileNotFoundError(f"{base} is neither a package directory nor a module file")
-    for path in sorted(base.rglob("*")):
-        rel = path.relative_to(root)
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source} is neither a package directory nor a module file")
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
         if path.is_dir() or any(p in EXCLUDE_DIRS for p in rel.parts) or path.name.endswith(EXCLUDE_SUFFIXES):
             continue
         if path.is_symlink() or path.stat().st_size > max_file_bytes:
             continue
-        yield path, rel.as_posix()
+        yield path, f"{arc}/{rel.as_posix()}"
 
 
 def _holds(entries: dict, module: str) -> bool:
@@ -103,20 +106,24 @@ def _holds(entries: dict, module: str) -> bool:
     return f"{base}.py" in entries or f"{base}/__init__.py" in entries
 
 
-def build_zip(reward: str, root: str | Path | None = None, include=DEFAULT_PACKAGES, extra_dirs=(),
+def build_zip(reward: str, root: str | Path | None = None, include=None, extra_dirs=(),
               max_file_bytes: int = MAX_FILE_BYTES) -> bytes:
-    """A deployment zip (bytes) for ``reward``: the ``include`` packages/modules of ``root``, a user module's code
-    (``user_code``) plus the contents of each ``extra_dirs`` entry at the zip root. Checks that the reward module is inside."""
-    root = Path(root) if root is not None else project_root()
+    """A deployment zip (bytes) for ``reward``: this project's rewards and envs with the declarative API (or, given
+    ``root``, the ``include`` packages/modules under it), a user module's code (``user_code``) plus the contents of
+    each ``extra_dirs`` entry at the zip root. Checks that the reward module is inside."""
     module = reward_module(reward)
+    if root is None:
+        sources = package_sources(include or DEFAULT_PACKAGES)
+    else:
+        sources = [(Path(root) / e, e) for e in include or ()]
     entries: dict[str, Path] = {}
-    for entry in include:
-        for path, arc in _files(root, entry, max_file_bytes):
-            entries[arc] = path
+    for source, arc in sources:
+        for path, name in _files(source, arc, max_file_bytes):
+            entries[name] = path
     if not _holds(entries, module):  # a user's module, outside the included packages
-        for base, entry in user_code(module):
-            for path, arc in _files(base, entry, max_file_bytes):
-                entries[arc] = path
+        for source, arc in [*user_code(module), *((HERE / f, f) for f in DECLARE_FILES)]:
+            for path, name in _files(source, arc, max_file_bytes):
+                entries[name] = path
     for extra in extra_dirs:
         extra = Path(extra)
         for path in sorted(extra.rglob("*")):
@@ -124,7 +131,7 @@ def build_zip(reward: str, root: str | Path | None = None, include=DEFAULT_PACKA
             if path.is_file() and not any(p in EXCLUDE_DIRS for p in rel.parts) and not path.name.endswith(EXCLUDE_SUFFIXES):
                 entries.setdefault(rel.as_posix(), path)
     if not _holds(entries, module):
-        raise FileNotFoundError(f"module {module!r} is not in the package (included: {list(include)} under {root})")
+        raise FileNotFoundError(f"module {module!r} is not in the package (included: {[a for _, a in sources]})")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
         for arc in sorted(entries):
@@ -190,8 +197,8 @@ def deploy_zip(client, function_name: str, zip_bytes: bytes, handler: str, role_
 
 def deploy(function_name: str, reward: str, client, role_arn: str | None = None, timeout: int = 30, memory: int = 512,
            concurrency: int | None = None, runtime: str = "python3.12", environment: dict | None = None,
-           root: str | Path | None = None, include=DEFAULT_PACKAGES, extra_dirs=(), wait: bool = True) -> dict:
-    """Package ``reward`` (a registry name like 'math' or a module like 'rewards.reasoning') and
+           root: str | Path | None = None, include=None, extra_dirs=(), wait: bool = True) -> dict:
+    """Package ``reward`` (a registry name like 'math' or a module like 'rollart_dask.rewards.reasoning') and
     create-or-update the Lambda function ``function_name`` with handler ``<module>.handler``.
     A stateful reward (its module sets ``NEEDS_ENGINE``, e.g. the judge) is refused: it needs an
     inference engine and runs on the REWARD pool."""

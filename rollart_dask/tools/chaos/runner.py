@@ -38,7 +38,7 @@ def scenario_flow(base: FlowConfig, scenario: Scenario, budget: tuple[str, ...])
 # -- what leaks ---------------------------------------------------------------------------------------
 def sandbox_processes() -> int:
     """Code-sandbox processes on this machine (their jail script on the command line)."""
-    from envs.code_sandbox.sandbox import JAIL
+    from rollart_dask.envs.code_sandbox.sandbox import JAIL
 
     n = 0
     for p in psutil.process_iter(["cmdline"]):
@@ -49,7 +49,7 @@ def sandbox_processes() -> int:
 
 def sandbox_containers() -> int | None:
     """Containers of the code-sandbox image, running or not; None without a Docker engine."""
-    from envs.code_sandbox.sandbox import DEFAULT_IMAGE, docker_client
+    from rollart_dask.envs.code_sandbox.sandbox import DEFAULT_IMAGE, docker_client
 
     client = docker_client(timeout=3)
     if client is None:

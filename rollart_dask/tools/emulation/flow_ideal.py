@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from envs.inject import parse_spec
-from envs.synthetic import draw_length, length_mean
+from rollart_dask.envs.inject import parse_spec
+from rollart_dask.envs.synthetic import draw_length, length_mean
 
 from rollart_dask.config import task_pools
 from rollart_dask.tools.emulation.hardware import (GPUS, MODELS, decode_step_seconds, prefill_seconds, train_step_seconds, weight_load_seconds,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from envs.synthetic import draw_length
+from rollart_dask.envs.synthetic import draw_length
 from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
 from rollart_dask.control.fairness import length_shift
