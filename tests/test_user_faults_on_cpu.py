@@ -52,7 +52,7 @@ def test_the_breaker_trips_on_a_share_of_the_last_window_and_never_with_consecut
     for i in range(20):  # every other one fails: not more than half
         assert (b.failed(fault(call="step")) if i % 2 else b.ok("t")) is None
     stop = b.failed(fault(call="step"))  # 6 of the last 10
-    assert stop is not None and "6 of its last 10 groups failed" in str(stop)
+    assert stop is not None and "6 of the 10 trajectories of its last 10 groups failed" in str(stop)
     assert b.failed(fault(call="step")) is None  # once: the run is stopping
     off = FaultBreaker(consecutive=0, share=0.5, window=10)
     assert all(off.failed(fault()) is None for _ in range(50)) and off.failures["t", "reward"] == 50
@@ -69,6 +69,22 @@ def test_the_breaker_counts_groups_so_a_reward_failing_on_one_problem_in_ten_nev
     for g in range(200, 204):  # a reward that now fails on every problem: 4 groups in a row
         stops = [b.failed(fault(), f"g{g}") for _ in range(8)]
     assert stops[0] is not None and "4 groups in a row failed (25 trajectories)" in str(stops[0])
+
+
+def test_failures_scattered_over_most_groups_stop_the_run_only_past_the_share_of_trajectories():
+    """10% of trajectories failing at random (a flaky env) touch 57% of groups of 8: the run goes on. Half and more of
+    the trajectories failing, spread the same way, stops it."""
+    import random
+
+    rng = random.Random(0)
+    b = FaultBreaker(consecutive=4, share=0.5, window=20)
+    for g in range(300):
+        for _ in range(8):
+            assert (b.failed(fault(call="step"), f"g{g}") if rng.random() < 0.1 else b.ok("t", f"g{g}")) is None
+    touched = sum(1 for f, _ in b.recent["t"].values() if f)
+    assert not b.tripped and touched > 5  # most recent groups held a failure, and it did not stop the run
+    stops = [b.failed(fault(call="step"), f"h{g}") if rng.random() < 0.6 else b.ok("t", f"h{g}") for g in range(40) for _ in range(8)]
+    assert any(s is not None and "trajectories of its last 20 groups failed" in str(s) for s in stops)
 
 
 def test_only_the_users_code_is_a_user_fault_never_the_infrastructure():

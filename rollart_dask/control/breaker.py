@@ -48,12 +48,13 @@ def as_user_fault(stage: str, task: str, e: BaseException) -> BaseException:
 class FaultBreaker:
     """Per task, counted in groups (the trajectories of one problem: a reward that fails on one problem fails its whole
     group at once): trips after ``consecutive`` groups in a row with a failed trajectory, or when more than ``share``
-    of its last ``window`` groups had one (once ``window`` have ended). ``consecutive`` 0: never trips (failures are
-    still counted). A call without a group is a group of its own."""
+    of the trajectories of its last ``window`` groups failed (once ``window`` groups have ended). The share counts
+    trajectories, not groups: failures scattered at 10% touch most groups of 8 (1 − 0.9⁸ = 57%) and must not stop the
+    run. ``consecutive`` 0: never trips (failures are still counted). A call without a group is a group of its own."""
 
     def __init__(self, consecutive: int, share: float, window: int):
         self.consecutive, self.share, self.window = consecutive, share, window
-        self.recent: dict[str, OrderedDict] = {}  # task → group → whether one of its trajectories failed (last `window`)
+        self.recent: dict[str, OrderedDict] = {}  # task → group → [failed, ended] trajectories (its last `window` groups)
         self.streak: dict[str, dict] = {}  # task → the groups of its current run of failures → their failed trajectories
         self.failures: Counter = Counter()  # (task, call) → failed trajectories
         self.first: dict[str, UserCodeFailed] = {}  # task → its first failure (the traceback the error shows)
@@ -73,11 +74,11 @@ class FaultBreaker:
         if not self.consecutive or self.tripped:
             return None
         recent = self.recent[e.task]
-        n, bad = len(recent), sum(recent.values())
+        n, bad, ended = len(recent), sum(f for f, _ in recent.values()), sum(t for _, t in recent.values())
         if len(streak) >= self.consecutive:
             why = f"{len(streak)} groups in a row failed ({sum(streak.values())} trajectories)"
-        elif n >= self.window and bad > self.share * n:
-            why = f"{bad} of its last {n} groups failed (more than rollout.user_faults.share={self.share})"
+        elif n >= self.window and bad > self.share * ended:
+            why = f"{bad} of the {ended} trajectories of its last {n} groups failed (more than rollout.user_faults.share={self.share})"
         else:
             return None
         self.tripped = True  # once: the run is stopping
@@ -90,7 +91,9 @@ class FaultBreaker:
     def _mark(self, task: str, group: str | None, failed: bool):
         groups = self.recent.setdefault(task, OrderedDict())
         key = group if group is not None else object()
-        groups[key] = groups.get(key, False) or failed
+        counts = groups.setdefault(key, [0, 0])
+        counts[0] += failed
+        counts[1] += 1
         groups.move_to_end(key)
         while len(groups) > self.window:
             groups.popitem(last=False)
