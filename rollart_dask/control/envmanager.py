@@ -115,7 +115,7 @@ class EnvManager:
             self._freed.clear()
             await self._freed.wait()
 
-    async def _env(self, stage: str, fn, item: dict, worker: str, retries: int, task: str):
+    async def _env(self, stage: str, fn, item: dict, worker: str, retries: int, task: TaskConfig):
         for attempt in range(retries + 1):
             if worker not in self.env_workers:
                 raise WorkerLost(f"env worker {worker} left the cluster")
@@ -125,7 +125,10 @@ class EnvManager:
             except (CallFailed, TimeoutError) as e:
                 self.counts[f"{stage}_errors"] += 1
                 if attempt == retries:
-                    fault = as_user_fault(stage, task, e)
+                    # an env under EMULATED fault injection (tasks[].inject) hangs on purpose: its timeouts stand for the
+                    # infrastructure's, so they fail the trajectory (counted) but never trip the breaker on the user's code
+                    emulated = task.inject is not None and isinstance(e, TimeoutError)
+                    fault = e if emulated else as_user_fault(stage, task.name, e)
                     if fault is e:
                         raise
                     raise fault from e
@@ -150,7 +153,7 @@ class EnvManager:
             self.stage[tid] = "env-reset"
             reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed, "inject": task.inject,
                      "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0"}
-            obs, info = await self._env("env-reset", tasks.env_reset_stream, reset, worker, self.rollout.retries, task.name)
+            obs, info = await self._env("env-reset", tasks.env_reset_stream, reset, worker, self.rollout.retries, task)
             choices = info.get("action_choices") if self.engine.constrained else None
             final_info: dict = {}
             emulate = info.get("emulate")  # an EMULATED workload env's lengths for the next turn
@@ -183,7 +186,7 @@ class EnvManager:
                 self.stage[tid] = "env-step"
                 last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
                 # env.step is not idempotent: no retry (a failed step fails the trajectory)
-                nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0, task.name)
+                nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0, task)
                 traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
                                        allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r,
                                        token_versions=c.token_versions, messages=messages))
