@@ -8,8 +8,9 @@ prompt section, G × groups prompts of training seeds, the task's max_tokens).
   in-process vLLM engine (a subprocess, so its threads and memory stay its own). Tokens counted are those generated
   up to each sequence's end.
 - Trainer: response tokens/s of one GRPO step (``TorchTrainer.train_step``: LoRA as in the flow, its loss and
-  aggregation) against a bare torch step on the same samples: one forward of the whole padded batch, log-probs of
-  the response tokens, the token-mean PPO-clip loss, backward, AdamW.
+  aggregation; and with ``trainer.shared_prompt``, a group's prompt run once) against a bare torch step on the same
+  samples: one forward of the whole padded batch, log-probs of the response tokens, the token-mean PPO-clip loss,
+  backward, AdamW.
 
 Arms alternate within each repeat; medians are printed with the ratios. ``--beside-engine`` times the trainer arms
 while another process keeps a one-thread torch engine generating this batch, as at α ≥ 1 where both run at once.
@@ -145,7 +146,7 @@ def main(flow, threads, repeats, vllm, beside_engine):
         ends = [(row == tok.eos_token_id).nonzero() for row in new]
         return sum(int(e[0]) + 1 if len(e) else new.size(1) for e in ends)
 
-    times: dict[str, list[float]] = {"engine": [], "transformers": [], "trainer": [], "bare": []}
+    times: dict[str, list[float]] = {"engine": [], "transformers": [], "trainer": [], "shared": [], "bare": []}
     tokens: dict[str, list[int]] = {"engine": [], "transformers": []}
     engine.generate(requests[:2])  # warm-up
     hf_generate()
@@ -163,13 +164,16 @@ def main(flow, threads, repeats, vllm, beside_engine):
                 tokens[arm].append(hf_generate())
             times[arm].append(time.perf_counter() - t0)
     trainer = TorchTrainer.from_config(cfg.trainer, model_dir=model_dir, temperature=cfg.engine.temperature, seed=0)
+    shared = TorchTrainer.from_config(cfg.trainer.model_copy(update={"shared_prompt": True}), model_dir=model_dir,
+                                      temperature=cfg.engine.temperature, seed=0)
     torch.set_num_threads(threads)  # (from_config set the worker's torch_threads, OMP_NUM_THREADS or 1: every arm gets --threads)
     bare = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     lora = cfg.trainer.lora
     if lora is not None:
         bare = get_peft_model(bare, PeftLora(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout))
     opt = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=cfg.trainer.lr)
-    trainer.train_step([dict(s) for s in samples[:2]])  # warm-up both
+    trainer.train_step([dict(s) for s in samples[:2]])  # warm-up all three
+    shared.train_step([dict(s) for s in samples[:2]])
     bare_step(bare, opt, samples[:2], pad, cfg.trainer.clip)
     busy = None
     if beside_engine:
@@ -182,8 +186,10 @@ def main(flow, threads, repeats, vllm, beside_engine):
         assert busy.stdout.readline().startswith("READY"), "the busy engine did not start"
     try:
         for rep in range(repeats):
-            for arm in (["trainer", "bare"] if rep % 2 == 0 else ["bare", "trainer"]):
-                fn = (lambda: trainer.train_step([dict(s) for s in samples])) if arm == "trainer" else (lambda: bare_step(bare, opt, samples, pad, cfg.trainer.clip))
+            for arm in (["trainer", "shared", "bare"] if rep % 2 == 0 else ["bare", "shared", "trainer"]):
+                fn = {"trainer": lambda: trainer.train_step([dict(s) for s in samples]),
+                      "shared": lambda: shared.train_step([dict(s) for s in samples]),
+                      "bare": lambda: bare_step(bare, opt, samples, pad, cfg.trainer.clip)}[arm]
                 times[arm].append(timed(fn))
     finally:
         if busy is not None:
@@ -220,6 +226,7 @@ def main(flow, threads, repeats, vllm, beside_engine):
     e, h = rate("engine"), rate("transformers")
     fastest = max(x for x in (h, vllm_rate) if x is not None)
     tr, br = resp_tokens / statistics.median(times["trainer"]), resp_tokens / statistics.median(times["bare"])
+    sr = resp_tokens / statistics.median(times["shared"])
     rows = [("batch", f"{n} prompts ({cfg.rollout.batch_groups} × G={cfg.rollout.group_size}), first prompt {len(prompts[0])} tokens, "
                       f"max_tokens {task.max_tokens}; {threads} thread(s); {repeats} repeats, alternating; medians"
                       + ("; trainer arms beside a busy one-thread engine" if beside_engine else "")),
@@ -230,11 +237,12 @@ def main(flow, threads, repeats, vllm, beside_engine):
             ("engine ÷ fastest of the others", f"{e / fastest:.2f}"),
             ("trainer step", f"{tr:.0f} response tok/s ({statistics.median(times['trainer']):.1f} s, {resp_tokens} response tokens)"),
             ("bare torch step", f"{br:.0f} response tok/s ({statistics.median(times['bare']):.1f} s)"),
-            ("trainer ÷ bare", f"{tr / br:.2f}")]
+            ("trainer ÷ bare", f"{tr / br:.2f}"),
+            ("trainer, trainer.shared_prompt", f"{sr:.0f} response tok/s ({statistics.median(times['shared']):.1f} s): {sr / tr:.2f}× the trainer")]
     if beside_engine:
         rows.append(("the busy engine meanwhile", f"{busy_rate:.0f} tok/s (one thread)" if busy_rate else "—"))
     console.print(summary_table("engine and trainer against the bare libraries", rows))
-    print(json.dumps({"engine_tok_s": e, "transformers_tok_s": h, "vllm_tok_s": vllm_rate, "trainer_tok_s": tr, "bare_tok_s": br,
+    print(json.dumps({"engine_tok_s": e, "transformers_tok_s": h, "vllm_tok_s": vllm_rate, "trainer_tok_s": tr, "shared_prompt_tok_s": sr, "bare_tok_s": br,
                       "threads": threads, "beside_engine": beside_engine, "busy_engine_tok_s": busy_rate, "times": times, "tokens": tokens}))
 
 

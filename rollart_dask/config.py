@@ -319,6 +319,9 @@ class TrainerConfig(Strict):
     entropy_coef: float = Field(0.05, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(8192, ge=64, description="padded tokens per micro-batch (samples sorted by length; gradients accumulate)")
+    shared_prompt: bool = Field(False, description="torch trainer: a prompt several samples share (a GRPO group's) goes through the "
+                                                   "model once, its keys and values reused by each response, instead of once per "
+                                                   "sample (the same logits and gradients; fewer tokens trained)")
     checkpoint_every: int = Field(50, ge=0, description="steps between HF checkpoints (0 = only at the end)")
     lora: LoraConfig | None = Field(None, description="train a LoRA adapter (peft) on the frozen base: only the adapter is published, "
                                                       "pulled and swapped into the engines, and checkpoints hold the adapter "

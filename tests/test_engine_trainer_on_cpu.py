@@ -166,3 +166,35 @@ def test_the_lm_head_on_response_positions_alone_gives_the_whole_forwards_logits
     whole = trainer._logits(ids, attn)[row]
     whole = whole.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, whole.size(-1)))
     assert fast.shape == whole.shape and torch.allclose(fast, whole, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_shared_prompt_run_once_gives_the_same_update(model_dir, engine, lora):
+    """trainer.shared_prompt: each distinct prompt runs once and its keys and values serve every sample that shares it
+    (a GRPO group): the same logits, loss and gradients as a row per sample, with responses of different lengths, a
+    one-token prompt and micro-batches cutting groups apart."""
+    from rollart_dask.config import LoraConfig
+
+    prompts = ["SFFF\nFPFH\nFFFH\nHFFG", "Calculate 3 - 5.", "a much longer prompt that pads everyone else " * 3]
+    comps = engine.generate([req(i, prompt=prompts[i % 3], choices=None, max_tokens=4) for i in range(12)])
+    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids[: 1 + i % 4], "logprobs": c.logprobs[: 1 + i % 4],
+                "allowed_ids": None, "advantage": (-1.0) ** i} for i, c in enumerate(comps)]  # responses of 1 to 4 tokens
+    samples.append({**samples[0], "prompt_ids": samples[0]["prompt_ids"][:1]})  # a prompt of one token
+    assert len({len(s["response_ids"]) for s in samples}) > 1
+    adapter = LoraConfig(r=4, alpha=8) if lora else None
+    for micro in (10**9, 64):
+        rows = TorchTrainer(str(model_dir), lr=1e-2, lora=adapter, micro_batch_tokens=micro)
+        shared = TorchTrainer(str(model_dir), lr=1e-2, lora=adapter, micro_batch_tokens=micro)
+        shared.shared_prompt = True
+        mask = rows._tensors(samples)[5]  # (positions past a response's end are padding in both, never trained)
+        assert torch.allclose(shared._shared_prompt_logits(samples, 4)[mask], rows._response_logits(*_fast_args(rows, samples))[mask], atol=1e-4)
+        a, b = rows.train_step(samples), shared.train_step(samples)
+        assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
+        for (k, p), q in zip(rows.model.named_parameters(), shared.model.parameters()):
+            assert (p.grad is None) == (q.grad is None), k
+            assert p.grad is None or torch.allclose(p.grad, q.grad, atol=1e-5), k
+
+
+def _fast_args(trainer, samples):
+    ids, attn, row, *_, pos_index, _ = trainer._tensors(samples)
+    return ids, attn, row, pos_index

@@ -36,6 +36,7 @@ class TorchTrainer:
     lora: LoraConfig | None = None  # trainer.lora: the adapter alone trains and is published
     loss_agg, loss_norm_tokens = "token_mean", None  # trainer.loss_agg (from_config sets them; algo/losses.aggregation_weights)
     nonfinite_in_a_row = 0  # updates skipped for a NaN/inf loss or gradient since the last applied one
+    shared_prompt = False  # trainer.shared_prompt: a prompt shared by several samples runs once (_shared_prompt_logits)
 
     def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
                  max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
@@ -70,6 +71,7 @@ class TorchTrainer:
                       temperature=temperature, seed=seed, **cls._backend_options(cfg))
         trainer.correction, trainer.is_cap, trainer.is_level = cfg.correction, cfg.is_cap, cfg.is_level
         trainer.loss_agg, trainer.loss_norm_tokens = cfg.loss_agg, cfg.loss_norm_tokens
+        trainer.shared_prompt = cfg.shared_prompt
         return trainer
 
     @staticmethod
@@ -200,7 +202,8 @@ class TorchTrainer:
         loss_sum, rows = 0.0, 0
         for chunk in self.micro_batches(samples):
             ids, attn, row, targets, old, mask, allowed, pos_index, adv = self._tensors(chunk)
-            logits = self._response_logits(ids, attn, row, pos_index)
+            shared = self._shared_prompt_logits(chunk, targets.size(1)) if self.shared_prompt else None
+            logits = shared if shared is not None else self._response_logits(ids, attn, row, pos_index)
             logp, entropy = masked_logprobs_and_entropy(logits, targets, allowed, self.temperature)
             token_weights = aggregation_weights(mask, agg, len(samples), total_tokens, norm_tokens)
             loss, chunk_stats = loss_fn(logp, entropy, old, mask, adv, token_weights)
@@ -237,6 +240,38 @@ class TorchTrainer:
             return logits.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, logits.size(-1)))
         hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state[row]
         return head(hidden.gather(1, pos_index.unsqueeze(-1).expand(-1, -1, hidden.size(-1))))
+
+    def _shared_prompt_logits(self, samples: list[dict], width: int) -> torch.Tensor | None:
+        """The response logits [N, width, V] with each distinct prompt run once: its keys and values (all but its last
+        token) are repeated for the samples that share it, whose rows hold only the last prompt token and their response.
+        Causal attention makes these the logits of the full rows. None where the model cannot be split so (the whole
+        forward then runs per sample)."""
+        decoder, head = self._decoder_and_head()
+        if decoder is None:
+            return None
+        from transformers import DynamicCache
+
+        pad = self.tokenizer.pad_token_id
+        by_prompt: dict[tuple, list[int]] = {}
+        for i, s in enumerate(samples):
+            by_prompt.setdefault(tuple(s["prompt_ids"]), []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for prompt, members in by_prompt.items():
+            rows = [[prompt[-1], *samples[i]["response_ids"][:-1]] for i in members]
+            w = max(map(len, rows))
+            ids = torch.tensor([r + [pad] * (w - len(r)) for r in rows])
+            attn = torch.tensor([[1] * len(r) + [0] * (w - len(r)) for r in rows])
+            if len(prompt) > 1:
+                cache = DynamicCache()
+                decoder(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
+                cache.batch_repeat_interleave(len(members))
+                attn = torch.cat([torch.ones(len(members), len(prompt) - 1, dtype=attn.dtype), attn], 1)
+                hidden = decoder(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=True).last_hidden_state
+            else:
+                hidden = decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+            for k, i in enumerate(members):
+                out[i] = hidden[k, :width] if w >= width else torch.nn.functional.pad(hidden[k], (0, 0, 0, width - w))
+        return head(torch.stack(out))
 
     def _decoder_and_head(self):
         """The decoder stack and the LM head of a plain causal LM (None when the head does more than project, as with a
