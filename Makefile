@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 CORE := $(VENV)/.core
 STAMP := $(VENV)/.installed
 IN_CI := $(filter-out 0 false no FALSE False NO,$(CI))
-SLOW_TIMEOUT ?= 1800
+SLOW_TIMEOUT ?= 2100
 
 .PHONY: run test test-slow docs install clean
 
