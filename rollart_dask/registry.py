@@ -8,7 +8,6 @@ already taken is an error), and installed packages add theirs through entry poin
 from __future__ import annotations
 
 import functools
-import importlib
 import sys
 import threading
 from typing import Any, Callable
