@@ -335,17 +335,6 @@ class Injected:
         return info
 
 
-def make_injected(inner_factory: Callable[..., Any], spec: dict | InjectSpec | None, **wrapper_kwargs) -> Callable[..., Injected]:
-    """A factory like ``inner_factory`` whose envs are wrapped (spec validated once, here)."""
-    spec = parse_spec(spec)
-
-    def factory(**kwargs):
-        return Injected(inner_factory(**kwargs), spec, **wrapper_kwargs)
-
-    factory.__name__ = f"injected_{getattr(inner_factory, '__name__', 'env')}"
-    return factory
-
-
 def injected(inner: str, inject: dict | None = None, **inner_kwargs) -> Injected:
     """Env entry usable by name from a flow: ``env: "rollart_dask.envs.inject:injected"`` with env_args
     ``{inner: "rollart_dask.envs.frozenlake:FrozenLakeText", inject: {...spec...}, size: 4}``.

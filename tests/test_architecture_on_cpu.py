@@ -18,7 +18,7 @@ PKG = "rollart_dask"
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("vocabulary", ("rollart_dask.types", "rollart_dask.resource.pools", "rollart_dask.registries", "rollart_dask.capabilities")),
+    ("vocabulary", ("rollart_dask.compat", "rollart_dask.types", "rollart_dask.resource.pools", "rollart_dask.registries", "rollart_dask.capabilities")),
     ("config and pure parts", ("rollart_dask.config", "rollart_dask.observe", "rollart_dask.trackers", "rollart_dask.registry", "rollart_dask.declare", "rollart_dask.usercode", "rollart_dask.extras", "rollart_dask.algo", "rollart_dask.models")),
     ("resource plane", ("rollart_dask.resource",)),
     ("data plane", ("rollart_dask.data",)),
@@ -158,3 +158,26 @@ def test_the_checks_can_fail():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("rollart_dask.data.tasks") < layer_of("rollart_dask.control.run") < layer_of("rollart_dask.tools.dashboard.page")
     assert layer_of("rollart_dask.tools.ablation.measure") > layer_of("rollart_dask.entry.api")
+
+
+def private_run_reads(source: str, filename: str = "<source>") -> list[str]:
+    """``run._x`` / ``self.run._x`` (a Run's private attribute) in ``source``: the lines that read one."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else None
+            if name in ("run", "run_"):
+                found.append((node.lineno, f"{filename}:{node.lineno} .{node.attr}"))
+    return [f for _, f in sorted(found)]
+
+
+def test_no_module_reads_a_private_attribute_of_run_outside_run_py():
+    """Recovery, telemetry, stopping and the rest talk to the run through its public state (failing, stopped, counts…)."""
+    found = []
+    for top in (PKG, "benchmarks"):
+        for name, path in modules(top).items():
+            if name != f"{PKG}.control.run":
+                found += private_run_reads(path.read_text(), str(path.relative_to(ROOT)))
+    assert found == []
+    assert private_run_reads("await self.run._fatal.wait()\nrun._stopped = 1\nrun.stopped\n") == ["<source>:1 ._fatal", "<source>:2 ._stopped"]

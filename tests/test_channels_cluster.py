@@ -41,8 +41,9 @@ async def _dispatcher(address):
 def test_a_broken_channel_fails_its_open_calls_and_the_next_call_opens_a_new_one(address, run_async):
     async def go():
         async with _dispatcher(address) as (client, cpu, d):
-            call = lambda name, s: d.call("env-reset", tasks.env_reset_stream, _reset(name, s), pool="CPU", worker=cpu,
-                                          timeout=60, streamed=True)
+            def call(name, s):
+                return d.call("env-reset", tasks.env_reset_stream, _reset(name, s), pool="CPU", worker=cpu, timeout=60, streamed=True)
+
             await call("warm", 0.0)  # opens the channel
             slow = asyncio.ensure_future(call("slow", 3.0))
             await asyncio.sleep(0.5)  # its task has started; its answer would come on the channel
@@ -128,12 +129,12 @@ def test_a_late_report_is_filed_in_stop_order():
     from collections import deque
     from types import SimpleNamespace
 
-    from rollart_dask.data.channels import file_in_order
+    from rollart_dask.compat import file_in_task_stream
 
     def rec(stop):
         return {"key": f"k-{stop}", "startstops": ({"action": "compute", "start": stop - 1, "stop": stop},)}
 
     stream = SimpleNamespace(buffer=deque([rec(1), rec(3), rec(5)], maxlen=4), index=3)
-    file_in_order(stream, rec(4))
-    file_in_order(stream, rec(6))  # full: the oldest leaves, as on append
+    file_in_task_stream(stream, rec(4))
+    file_in_task_stream(stream, rec(6))  # full: the oldest leaves, as on append
     assert [r["startstops"][0]["stop"] for r in stream.buffer] == [3, 4, 5, 6] and stream.index == 5

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rollart_dask.control import evaluation
 from rollart_dask.algo.heldout import incomplete_note, is_complete, loggable, shown, summarise
 from rollart_dask.control.evaluation import play
 from rollart_dask.control.proxy import TrajectoryCancelled

@@ -97,7 +97,19 @@ def test_cluster_check_names_a_missing_pool(scheduler):
     assert "pool SERVERLESS (reward (serverless)) has no worker" in res.stderr, res.stderr
 
 
+def _state(address: str) -> dict:
+    """The cluster's plugins and its Active Memory Manager, as a run may change them."""
+    from distributed import Client
+
+    from rollart_dask import compat
+
+    with Client(address, timeout=60) as client:
+        return {**client.run_on_scheduler(compat.plugin_names), "amm": client.sync(client.scheduler.amm_handler, method="running"),
+                "worker_plugins": {w: sorted(p) for w, p in client.run(lambda dask_worker: list(dask_worker.plugins)).items()}}
+
+
 def test_quickstart_runs_on_the_external_cluster(scheduler, tmp_path):
+    before = _state(scheduler)
     out = tmp_path / "run"
     tiny = ["--set", "trainer.steps=2", "--set", "eval.seeds=5", "--set", "rollout.batch_groups=2",
             "--set", "observe.progress=false", "--set", "observe.tensorboard=false"]
@@ -110,3 +122,7 @@ def test_quickstart_runs_on_the_external_cluster(scheduler, tmp_path):
     assert [r["version"] for r in steps] == [1, 2]
     effective = yaml.safe_load((out / "flow.yaml").read_text())["_effective"]
     assert effective["engines"] == {"H800": ["h800-0"]}  # the external cluster's workers, not an embedded one
+    # the cluster is left as it was found: the run's plugins unregistered, its Active Memory Manager running again
+    assert before["amm"], "the test cluster's AMM should run (distributed's default), or this check proves nothing"
+    assert "stopped the scheduler's Active Memory Manager" in res.stdout
+    assert _state(scheduler) == before

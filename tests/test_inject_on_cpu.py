@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rollart_dask.envs.frozenlake import FrozenLakeText
-from rollart_dask.envs.inject import LATENCY_DIR, Injected, InjectedFailure, InjectSpec, draw, injected, load_latencies, make_injected, parse_spec
+from rollart_dask.envs.inject import LATENCY_DIR, Injected, InjectedFailure, InjectSpec, draw, injected, load_latencies, parse_spec
 
 EXAMPLE = "reset_heavy_tail_example.csv"
 QS = (0.5, 0.9, 0.99)
@@ -232,9 +232,7 @@ def test_labels_choices_close_and_describe():
 
 
 def test_factories():
-    spec = {"step_fail": 1.0}
-    make = make_injected(FrozenLakeText, spec)
-    env = make(size=3)
+    env = injected("rollart_dask.envs.frozenlake:FrozenLakeText", {"step_fail": 1.0}, size=3)
     assert env.size == 3 and env.reset(0)[1]["injected"]["emulated"]
     with pytest.raises(InjectedFailure):
         env.step("L")
@@ -243,7 +241,7 @@ def test_factories():
     with pytest.raises(ValueError, match="module:attr"):
         injected("frozenlake")
     with pytest.raises(ValueError, match="unknown key 'bogus'"):
-        make_injected(FrozenLakeText, {"bogus": 1})
+        injected("rollart_dask.envs.frozenlake:FrozenLakeText", {"bogus": 1})
 
 
 @pytest.mark.parametrize("spec, message", [

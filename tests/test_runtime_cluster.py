@@ -87,7 +87,7 @@ def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, t
             # one real training step on the trainer worker, published and pulled by the engine
             samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
                         "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
-            from rollart_dask.data import plugins, tasks
+            from rollart_dask.data import tasks
 
             tf = run.d.submit_one("train", tasks.trainer_step, samples, pool="TRAIN", worker=run.services.trainer)
             metrics = await tf

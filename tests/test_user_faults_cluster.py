@@ -3,7 +3,6 @@ fails at once is refused by the pre-flight, every problem listed, before anythin
 run's trajectories ends in an error that names their function within seconds of the breaker's threshold, or, below
 it, in failures counted and never trained — never a hang, never a NaN trained or published. The code:
 tests/user_code/faults_mod.py."""
-import asyncio
 import math
 import time
 from pathlib import Path

@@ -4,7 +4,6 @@ import asyncio
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -91,7 +90,6 @@ def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_t
     def digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
         import hashlib
 
-        from rollart_dask.data import plugins as pl
 
         h = hashlib.sha256()
         for k, v in sorted(tasks.service(name).model.state_dict().items()):

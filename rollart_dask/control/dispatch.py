@@ -26,9 +26,8 @@ import uuid
 from collections import defaultdict
 
 from distributed import wait
-from distributed.batched import BatchedSend
-from distributed.comm import connect
 
+from rollart_dask import compat
 from rollart_dask.control.phases import current_span_id, first_caller_span, within
 from rollart_dask.data.channels import BATCHES_TOPIC, FEED, HANDLER, PLUGIN, BatchesFeed, ChannelsPlugin
 from rollart_dask.data.tasks import failure, run_batch
@@ -107,7 +106,7 @@ class Dispatcher:
         if self._plugin is None or (self._plugin.done() and self._plugin.exception() is not None):
             self._plugin = asyncio.ensure_future(self._register())
         await asyncio.shield(self._plugin)
-        comm = await connect(worker, **self.client.connection_args)
+        comm = await compat.open_comm(worker, self.client.connection_args)
         try:
             await comm.write({"op": HANDLER, "topic": self.topic, "reply": False})
             reply = await comm.read()  # the handler holds the channel before it answers: batches may go from now
@@ -116,8 +115,7 @@ class Dispatcher:
         except BaseException:
             comm.abort()
             raise
-        send = BatchedSend(interval="1ms")  # the batches of one tick (to every service on this worker) in one write
-        send.start(comm)
+        send = compat.batched_send(comm)  # the batches of one tick (to every service on this worker) in one write
         reader = asyncio.ensure_future(self._read_answers(worker, comm))
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)

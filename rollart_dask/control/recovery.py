@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from distributed.comm.core import CommClosedError
-
+from rollart_dask import compat
+from rollart_dask.compat import CommClosedError
 from rollart_dask.data import tasks
 from rollart_dask.observe import console
 
@@ -98,21 +98,16 @@ class TrainerRecovery:
 
     def watch_connection(self) -> Callable[[], None]:
         """Be told at once when the client loses the scheduler (distributed has no public hook: its reconnect is wrapped);
-        returns what undoes it. The monitor also sees a new connection, should that wrap be missing (control/telemetry.py)."""
+        returns what undoes it. The monitor also sees a new connection (control/telemetry.py)."""
         client = self.run.services.client
-        reconnect = getattr(client, "_reconnect", None)
-        if reconnect is None:
-            return lambda: None
 
-        async def told_first():
+        def first():
             self.connection_lost()
             self.seen_comm = None
-            try:
-                await reconnect()
-            except AssertionError:  # distributed's race: dialled back before the scheduler had dropped the old stream,
-                await _dial_again(client)  # whose end then closed the new one (its report loop stops unless connected now)
-        client._reconnect = told_first
-        return lambda: client.__dict__.pop("_reconnect", None)
+
+        # on distributed's race (dialled back before the scheduler had dropped the old stream, whose end then closed the
+        # new one) its report loop stops unless it is connected now: dial again
+        return compat.wrap_reconnect(client, first, lambda: _dial_again(client))
 
     async def _reconnected(self, recovering: str | None) -> None:
         run, s, t0 = self.run, self.run.services, time.monotonic()
@@ -211,7 +206,7 @@ class TrainerRecovery:
             return None
         trainer, attempt = self.run.services.trainer, asyncio.ensure_future(submit())
         try:
-            done = await _first(attempt, self.down.wait(), self.run._fatal.wait())
+            done = await _first(attempt, self.down.wait(), self.run.failing.wait())
         except asyncio.CancelledError:
             attempt.cancel()
             raise
@@ -222,7 +217,7 @@ class TrainerRecovery:
             fut = attempt.result()
         except Exception:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_first(self.down.wait(), self.run._fatal.wait()), 3)
+                await asyncio.wait_for(_first(self.down.wait(), self.run.failing.wait()), 3)
             if self.down.is_set() or self.run.services.trainer != trainer:
                 return None
             raise
@@ -242,19 +237,19 @@ class TrainerRecovery:
     async def _ready(self) -> None:
         run = self.run
         while not self.healthy.is_set():
-            await _first(self.healthy.wait(), run._fatal.wait())
+            await _first(self.healthy.wait(), run.failing.wait())
             if run.fatal:
                 raise run.fatal
 
     async def _unless_lost(self, fut, timeout: float):
         run = self.run
         waiter = asyncio.ensure_future(fut)
-        done = await _first(waiter, self.down.wait(), run._fatal.wait(), timeout=timeout)
+        done = await _first(waiter, self.down.wait(), run.failing.wait(), timeout=timeout)
         if waiter in done and not waiter.cancelled() and waiter.exception() is None:
             return waiter.result()
         if waiter in done:  # failed: if the trainer's worker is gone, the monitor says so within moments
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_first(self.down.wait(), run._fatal.wait()), 3)
+                await asyncio.wait_for(_first(self.down.wait(), run.failing.wait()), 3)
         waiter.cancel()
         if run.fatal:
             raise run.fatal
@@ -330,11 +325,11 @@ async def _dial_again(client, tries: int = 20) -> None:
     for _ in range(tries):
         await asyncio.sleep(0.5)
         try:
-            await client._ensure_connected(timeout=client._timeout)
+            await compat.dial_scheduler(client)
             if client.status == "running":
                 return
         except (OSError, AssertionError):
-            client.scheduler_comm = None
+            pass
     console.print(f"[red]the client could not reconnect to the scheduler after {tries} tries[/red]")
 
 

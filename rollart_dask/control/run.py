@@ -70,7 +70,7 @@ class Run:
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)
         self.t_start = self.progress_at = time.monotonic()
-        self.fatal, self._fatal = None, asyncio.Event()  # a lost trainer, a user fault (control/stopping.py): the run stops
+        self.fatal, self.failing = None, asyncio.Event()  # a lost trainer, a user fault (control/stopping.py): the run stops
         self.recovery = TrainerRecovery(self)  # what re-creates a lost trainer (control/recovery.py)
         self._stop_requested, self.stop_reason = False, "stop requested"  # (the reason: what ended the run early, as printed)
         self._training: tuple | None = None  # (train future, its StepRecord) until the trainer has published
@@ -80,7 +80,7 @@ class Run:
         self._installed = False  # steps 2–4 installed a version: step 5 recomputes the KV caches
         self._bg: list[asyncio.Task] = []
         self._unwatch: Callable[[], None] = lambda: None
-        self._stopped = False
+        self.stopped = False
         self._weights = None  # the weight store as soon as set-up made it (closed even if set-up fails later)
         self.weights_turn = asyncio.Lock()  # Update and a joining engine's catch-up take turns (control/elastic.py)
         self.joining: set[asyncio.Task] = set()  # engines being brought to the engines' version
@@ -123,7 +123,7 @@ class Run:
         """End the run from Get Batch, or from the wait for a Train that cannot finish; the first error is reported."""
         if self.fatal is None:
             self.fatal = error
-            self._fatal.set()
+            self.failing.set()
             self.launcher.batch_ready.set()
 
     # -- steering (from the Python API; call on the run's event loop) ---------------------------------
@@ -167,7 +167,7 @@ class Run:
 
     async def get_batch(self, rec: StepRecord) -> list[Group] | None:
         """1. The next batch_groups finished groups within the staleness bound (None: a stop request), once the previous Train published."""
-        await self._finish_training()
+        await self.finish_training()
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "get-batch"):
             while not self._stop_requested:
@@ -257,11 +257,11 @@ class Run:
             fut = await self.recovery.submit(submit)
         self._training = (fut, rec, submit, samples)
         if self.alpha == 0:  # on-policy: training and the weight update finish before rollout goes on
-            await self._finish_training(write=False)
+            await self.finish_training(write=False)
             await self._install_published(rec)
             self.metrics.write(rec.row())
 
-    async def _finish_training(self, write: bool = True) -> None:
+    async def finish_training(self, write: bool = True) -> None:
         """Wait for the Train in flight; it publishes its version (engines start pulling it at once)."""
         if self._training is None:
             return
@@ -346,7 +346,7 @@ class Run:
                 if cfg.eval.every and self.engine_version % cfg.eval.every == 0 and self.engine_version > self.history[-1]["version"]:
                     await self.evaluate()
                 notify(self)
-            await self._finish_training()  # the last Train publishes; its version reaches the engines
+            await self.finish_training()  # the last Train publishes; its version reaches the engines
             await self._install_published()  # (also when a stop ended the loop)
             if self.history[-1]["version"] != self.engine_version:
                 await self.evaluate()
@@ -373,9 +373,9 @@ class Run:
 
     async def stop(self) -> None:
         """Idempotent: the entry point calls it again after a failed set-up or run."""
-        if self._stopped:
+        if self.stopped:
             return
-        self._stopped = True
+        self.stopped = True
         if self._bg and not self.launcher.stopping:  # the page shows the run's end, not its last second
             await self.telemetry.publish(final=True)
         await self.recovery.stop()

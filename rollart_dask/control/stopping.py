@@ -26,7 +26,7 @@ async def deadline(run, minutes: float) -> None:
 
 
 def _ended(run, name: str, task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None and not run._stopped:
+    if not task.cancelled() and task.exception() is not None and not run.stopped:
         e = task.exception()
         run.fail(RuntimeError(f"the run's {name} task died: {type(e).__name__}: {e}"))
 
@@ -38,9 +38,9 @@ async def stopped_with(run, error: Exception) -> dict:
     if isinstance(error, UserFault):
         await run.launcher.stop()  # no more trajectories to fail meanwhile
         run.fatal = None  # (the trainer's calls below would raise it again)
-        run._fatal.clear()
+        run.failing.clear()
         try:
-            await asyncio.wait_for(run._finish_training(), 120)
+            await asyncio.wait_for(run.finish_training(), 120)
             checkpoint = await asyncio.wait_for(run.checkpoint(), 120) or checkpoint
         except Exception as e:
             console.print(f"no checkpoint at the stop ({type(e).__name__}: {e}); the last good one: {checkpoint}", markup=False)

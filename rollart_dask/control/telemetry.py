@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections import Counter
 
+from rollart_dask import compat
 from rollart_dask.control import elastic
 from rollart_dask.control.snapshot import TOPIC, build_snapshot
 from rollart_dask.data import plugins, tasks
@@ -82,7 +83,7 @@ class Telemetry:
         known = set(s.poolmap.workers)
         while not run.launcher.stopping:
             await asyncio.sleep(1.0)
-            comm, seen = s.client.scheduler_comm, run.recovery.seen_comm
+            comm, seen = compat.scheduler_connection(s.client), run.recovery.seen_comm
             if seen is not None and comm is not seen:  # a new connection to the scheduler: the old one's futures are gone
                 run.recovery.connection_lost()
             run.recovery.seen_comm = comm

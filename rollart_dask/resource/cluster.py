@@ -9,14 +9,15 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import dask
 from distributed import Client, Nanny, SpecCluster
-from distributed.deploy.subprocess import SubprocessScheduler
-from distributed.utils import Deadline
 
+from rollart_dask import compat
 from rollart_dask.config import ClusterConfig
+from rollart_dask.observe import console
 from rollart_dask.resource.pools import worker_resources
 from rollart_dask.resource.security import attach_security, embedded_security, host_of, is_loopback, scheduler_env
 
@@ -37,6 +38,36 @@ async def keep_replicas(client) -> bool:
         return False
     await client.scheduler.amm_handler(method="stop")
     return True
+
+
+async def cluster_state(client) -> dict:
+    """What a run changes on a cluster it attaches to: the plugins registered (scheduler, worker, nanny) and whether
+    the Active Memory Manager runs."""
+    return {**await client.run_on_scheduler(compat.plugin_names), "amm": bool(await client.scheduler.amm_handler(method="running"))}
+
+
+async def leave_as_found(client, found: dict) -> None:
+    """Undo what the run changed since ``found`` (cluster_state): its plugins (named rollart-…) unregistered, their
+    teardown freeing the models and envs they hold, and the Active Memory Manager restarted if it ran. A step that
+    fails is said, and the others still run: the run's result stands."""
+    try:
+        now = await cluster_state(client)
+    except Exception as e:
+        console.print(f"[yellow]could not read the cluster's plugins to leave it as found ({type(e).__name__}: {e})[/yellow]")
+        return
+    undo = [(f"{kind} plugin {name}", kind, name) for kind in ("worker", "nanny", "scheduler")
+            for name in sorted(set(now[kind]) - set(found[kind])) if name.startswith("rollart-")]
+    for what, kind, name in undo:
+        try:
+            if kind == "scheduler":
+                await client.unregister_scheduler_plugin(name)
+            else:
+                await client.unregister_worker_plugin(name, nanny=kind == "nanny")
+        except Exception as e:
+            console.print(f"[yellow]could not unregister the {what} ({type(e).__name__}: {e})[/yellow]")
+    if found["amm"] and not now["amm"]:
+        await client.scheduler.amm_handler(method="start")
+        console.print("restarted the scheduler's Active Memory Manager (the run had stopped it)")
 
 
 PRELOAD = "rollart_dask.tools.dashboard.preload"
@@ -72,7 +103,7 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
     return {"workers": workers, "scheduler": scheduler, "security": security}
 
 
-class SchedulerProcess(SubprocessScheduler):
+class SchedulerProcess(compat.SchedulerSubprocess):
     """The embedded scheduler in its own process, not in the client's: there it would share the client's
     event loop and GIL with every trajectory coroutine, and every message between them would be
     serialised and parsed twice in one process. Its output goes to ``log_path`` (distributed's own
@@ -93,8 +124,8 @@ class SchedulerProcess(SubprocessScheduler):
             self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
                                                                 stdout=log, stderr=log, env=env)
         scheduler_file = Path(self.scheduler_kwargs["scheduler_file"])
-        deadline = Deadline.after(self.timeout)
-        while not deadline.expired and self.process.returncode is None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and self.process.returncode is None:
             try:
                 self.address = json.loads(scheduler_file.read_text())["address"]
                 return

@@ -17,7 +17,7 @@ import os
 import random
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from rollart_dask.data.reward_value import RewardValueError, reward_value
@@ -63,9 +63,6 @@ class InvokeStats:
     init_ms: float | None = None
     duration_ms: float | None = None
     errors: list = field(default_factory=list)  # the retried errors, in order
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def is_aws_endpoint(endpoint_url: str | None) -> bool:

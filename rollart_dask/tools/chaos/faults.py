@@ -13,9 +13,7 @@ import random
 import time
 from pathlib import Path
 
-from distributed import Nanny
-from distributed.core import Status
-
+from rollart_dask import compat
 from rollart_dask.config import ClusterConfig, WorkerSpec
 from rollart_dask.resource.cluster import cluster_spec
 from rollart_dask.tools.chaos.scenarios import TRAINER, Fault, Scenario
@@ -124,10 +122,10 @@ class Injector:
         cluster = self.run.cluster
         if cluster is None:
             raise RuntimeError("lose_worker needs the embedded cluster (its Nanny must stand down)")
-        nanny = next((n for n in list(Nanny._instances) if n.worker_address == address), None)
+        nanny = compat.nanny_of(address)
         if nanny is None:
             raise LookupError(f"no Nanny of {name} in this process")
-        nanny.status = Status.closing_gracefully  # its worker's exit closes the Nanny instead of restarting it
+        compat.stand_down(nanny)
         cluster.worker_spec.pop(self.run.services.poolmap.name(address), None)
         await self.run.client.run(_exit_now, workers=[address], wait=False)
 
@@ -143,11 +141,11 @@ class Injector:
         spec = cluster_spec(ClusterConfig(listen=self.run.cfg.cluster.listen, workers=[WorkerSpec(name=name, pools=pools.split(","), nthreads=2)]),
                             cluster.security)
         cluster.worker_spec[name] = spec["workers"][name]
-        await cluster._correct_state()
+        await compat.correct_state(cluster)
 
     async def drop_scheduler(self, _: str = "") -> None:
         """The client's connection to the scheduler cut, as a network blip would; the client dials again by itself."""
-        await self.run.client.scheduler_comm.comm.close()
+        await compat.cut_scheduler_connection(self.run.client)
 
     async def kill_mooncake_master(self, _: str = "") -> None:
         await asyncio.to_thread(self._master().kill_master)

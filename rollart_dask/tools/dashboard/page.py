@@ -1,15 +1,11 @@
-"""The Bokeh page at ``<dashboard>/rollart``, added to a running scheduler's dashboard.
-
-distributed builds its own Bokeh app once, when the scheduler starts, from
-``distributed.dashboard.scheduler.applications``; a page that arrives later (with the run's
-plugin) is a second Bokeh app on the same HTTP server: the server's RoutingApplication tries its
-applications in turn, so ``/rollart`` reaches ours while everything else still reaches Dask's.
-Bokeh is imported here only, on the scheduler.
+"""The Bokeh page at ``<dashboard>/rollart``, added to a running scheduler's dashboard with the run's plugin
+(how: compat/dashboard.py). Bokeh is imported here only, on the scheduler.
 """
 from __future__ import annotations
 
 from html import escape
 
+from rollart_dask.compat.dashboard import add_bokeh_page, dask_look, remove_bokeh_page
 from rollart_dask.tools.dashboard.names import PLUGIN
 from rollart_dask.tools.dashboard.panels import panel_data
 
@@ -19,36 +15,11 @@ REFRESH_MS = 1000
 
 def add_page(scheduler):
     """Serve the page from ``scheduler``'s dashboard; raises RuntimeError naming what is missing."""
-    try:
-        from bokeh.server.tornado import BokehTornado
-        from distributed.dashboard.core import BokehApplication
-        from distributed.dashboard.scheduler import template_variables
-    except ImportError as e:
-        raise RuntimeError(f"the scheduler cannot serve the RollArt page ({e}); install bokeh>=3.1 where the scheduler runs") from None
-    from tornado.ioloop import IOLoop
-
-    http = getattr(scheduler, "http_application", None)
-    dask_app = next((a for a in getattr(http, "applications", ()) if isinstance(a, BokehTornado)), None)
-    if dask_app is None:
-        raise RuntimeError("the scheduler runs without its dashboard: no page to add to")
-    if any(PATH in getattr(a, "app_paths", ()) for a in http.applications):
-        return None  # already served
-    variables = dict(template_variables(scheduler))  # Dask's navigation bar, with this page in it
-    variables["pages"] = [*variables["pages"], PATH.strip("/")]
-    app = BokehApplication({PATH: rollart_doc}, scheduler, prefix=dask_app.prefix, template_variables=variables)
-    http.add_application(app)
-    app.initialize(IOLoop.current())
-    app.start()
-    return app
+    return add_bokeh_page(scheduler, PATH, rollart_doc)
 
 
 def remove_page(scheduler, app) -> None:
-    if app is None or scheduler is None:
-        return
-    apps = scheduler.http_application.applications
-    if app in apps:
-        apps.remove(app)
-    app.stop()
+    remove_bokeh_page(scheduler, app)
 
 
 def summary_html(s: dict) -> str:
@@ -65,7 +36,6 @@ def rollart_doc(scheduler, extra, doc):
     from bokeh.layouts import column, gridplot
     from bokeh.models import ColumnDataSource, Div, FactorRange, Range1d
     from bokeh.plotting import figure
-    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
     data = panel_data(None)
     src = {k: ColumnDataSource(v) for k, v in data.items() if k != "summary"}
@@ -126,6 +96,4 @@ def rollart_doc(scheduler, extra, doc):
     doc.add_root(column(header, gridplot([[inflight, busy], [stale, version], [counts, scores], [mix, None]],
                                                 sizing_mode="stretch_width"),
                         sizing_mode="stretch_width"))
-    doc.template = env.get_template("simple.html")
-    doc.template_variables.update(extra)
-    doc.theme = BOKEH_THEME
+    dask_look(doc, extra)

@@ -8,17 +8,12 @@ it). The page the run's plugin adds at ``/rollart`` is the same page, on any sch
 """
 from __future__ import annotations
 
+from rollart_dask.compat.dashboard import list_page_at_start
+from rollart_dask.tools.dashboard.page import rollart_doc
+
 PATH = "/individual-rollart"
 
-try:
-    from distributed.dashboard import scheduler as _dashboard
-except ImportError:  # no bokeh: Dask serves no dashboard to list it in
-    _dashboard = None
-
-if _dashboard is not None:
-    from rollart_dask.tools.dashboard.page import rollart_doc
-
-    _dashboard.applications.setdefault(PATH, rollart_doc)
+list_page_at_start(PATH, rollart_doc)  # (without Bokeh, Dask serves no dashboard to list it in: nothing is done)
 
 
 def dask_setup(scheduler) -> None:  # (the preload protocol; all of it is done at import)
