@@ -67,7 +67,9 @@ class FrozenLakeText:
         self.turns = 0
         self.malformed = 0
         self.success = False
-        return self.render(), {"seed": seed, "map": desc}
+        self.fell = False
+        self.start_distance = len(self.shortest_path() or "")
+        return self.render(), {"seed": seed, "map": desc, "distance": self.start_distance, "start_distance": self.start_distance}
 
     def render(self) -> str:
         desc = self._env.desc  # type: ignore[union-attr]
@@ -95,8 +97,11 @@ class FrozenLakeText:
         else:
             self._state, reward, terminated, _, _ = self._env.step(ACTIONS[letter])  # type: ignore[union-attr]
             self.success = bool(reward > 0)
+            self.fell = bool(terminated and not self.success)
         truncated = not terminated and self.max_turns is not None and self.turns >= self.max_turns
-        info = {"success": self.success, "malformed": self.malformed, "turns": self.turns, "valid": letter is not None}
+        path = None if self.fell else self.shortest_path()
+        info = {"success": self.success, "malformed": self.malformed, "turns": self.turns, "valid": letter is not None,
+                "fell": self.fell, "distance": None if path is None else len(path), "start_distance": self.start_distance}
         return self.render(), float(reward), bool(terminated), truncated, info
 
     def close(self):

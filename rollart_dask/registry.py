@@ -25,6 +25,7 @@ ENVS = Registry("env", {
 })
 REWARDS = Registry("reward", {
     "frozenlake": "rollart_dask.rewards.frozenlake:reward",
+    "frozenlake-progress": "rollart_dask.rewards.frozenlake:progress",
     "sokoban": "rollart_dask.rewards.sokoban:reward",
     "math": "rollart_dask.rewards.reasoning:reward",
     "code": "rollart_dask.rewards.code:reward",

@@ -178,3 +178,56 @@ def test_rollart_eval_compares_two_checkpoints_seed_by_seed_on_an_unseen_range(t
     assert d["seeds"] == 6 and d["ci"][0] <= d["diff"] <= d["ci"][1]
     assert d["diff"] == pytest.approx(a["eval"]["frozenlake"]["success"] - b["eval"]["frozenlake"]["success"])
     assert "success A − B" in res.stderr
+
+
+def _descendants(pid: int) -> list:
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _started(proc, out, timeout=300) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach its first metrics line"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_cleanly_and_sigkill_leaves_no_scheduler(tmp_path):
+    """`kill` (SIGTERM) stops a run as Ctrl-C does: it exits, says how to resume, and leaves no process of its embedded
+    cluster. Even SIGKILL, which no handler sees, takes the embedded scheduler with it (it asked Linux to be told)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        out = tmp_path / sig.name
+        log = (tmp_path / f"{sig.name}.log").open("w")
+        proc = subprocess.Popen([*RUN, "--out", str(out), "--set", "trainer.steps=200", *TINY], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            _started(proc, out)
+            children = _descendants(proc.pid)
+            scheduler = [p for p in children if "dask scheduler" in " ".join(p.cmdline()) or "spec" in p.cmdline()]  # (or its title)
+            assert scheduler, [p.cmdline()[:4] for p in children]
+            t0 = time.monotonic()
+            os.kill(proc.pid, sig)
+            rc = proc.wait(90)
+            if sig == signal.SIGTERM:
+                assert rc == 130 and time.monotonic() - t0 < 90, rc
+                said = (tmp_path / f"{sig.name}.log").read_text()
+                assert "stopped by SIGTERM" in said and "--resume" in said, said[-2000:]
+                gone, alive = psutil.wait_procs(children, timeout=30)
+            else:
+                gone, alive = psutil.wait_procs(scheduler, timeout=30)
+            assert not alive, [p.cmdline()[:5] for p in alive]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            for p in _descendants(proc.pid) if proc.poll() is None else []:
+                p.kill()

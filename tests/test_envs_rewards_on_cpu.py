@@ -55,6 +55,39 @@ def test_reward_function_and_registry():
         make_env("nope")
 
 
+def test_progress_reward_follows_the_shortest_path_left_and_a_fall_earns_none():
+    """frozenlake-progress: short of the goal, part of the way covered counts (the env reports the BFS distance left); a
+    fall, none; the goal, 1 as with the plain reward."""
+    from rollart_dask.rewards.frozenlake import PROGRESS_WEIGHT, progress
+
+    assert get_reward("frozenlake-progress") is progress
+    env = FrozenLakeText(size=4, max_turns=20)
+    _, info = env.reset(3)
+    path, start = env.shortest_path(), info["start_distance"]
+    assert start == info["distance"] == len(path) > 1
+    _, _, _, _, info = env.step(path[0])  # one step along the way
+    assert info["distance"] == start - 1 and not info["fell"]
+    assert progress({"info": info})["score"] == round(PROGRESS_WEIGHT * (1 / start), 6)
+    for move in path[1:]:
+        _, _, done, _, info = env.step(move)
+    assert done and info["success"] and progress({"info": info}) == {"score": 1.0, "success": True}
+    for seed in range(50):  # a map where some first move falls into a hole
+        _, info = env.reset(seed)
+        falls = [m for m in "LDRU" if _falls(seed, m)]
+        if falls:
+            _, _, done, _, info = env.step(falls[0])
+            assert done and info["fell"] and info["distance"] is None
+            assert progress({"info": {**info, "malformed": 1}})["score"] == -0.1
+            return
+    raise AssertionError("no map of 50 has a hole next to the start")
+
+
+def _falls(seed: int, move: str) -> bool:
+    env = FrozenLakeText(size=4)
+    env.reset(seed)
+    return env.step(move)[4]["fell"]
+
+
 def test_grpo_advantages():
     adv = grpo_advantages([1.0, 0.0, 0.0, 0.0])
     assert adv[0] > 0 and all(a < 0 for a in adv[1:]) and abs(sum(adv)) < 1e-5

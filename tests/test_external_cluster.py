@@ -124,5 +124,7 @@ def test_quickstart_runs_on_the_external_cluster(scheduler, tmp_path):
     assert effective["engines"] == {"H800": ["h800-0"]}  # the external cluster's workers, not an embedded one
     # the cluster is left as it was found: the run's plugins unregistered, its Active Memory Manager running again
     assert before["amm"], "the test cluster's AMM should run (distributed's default), or this check proves nothing"
-    assert "stopped the scheduler's Active Memory Manager" in res.stdout
-    assert _state(scheduler) == before
+    assert "stopped the scheduler's Active Memory Manager" in res.stdout + res.stderr
+    after = _state(scheduler)  # (the RollArt page stays, showing the finished run: it holds no model)
+    after["scheduler"] = [p for p in after["scheduler"] if p != "rollart-dashboard"]
+    assert after == {**before, "scheduler": [p for p in before["scheduler"] if p != "rollart-dashboard"]}

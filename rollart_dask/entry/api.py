@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from pathlib import Path
 
@@ -99,4 +100,15 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
 
 
 def run_sync(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> dict:
-    return asyncio.run(run_flow(cfg, out, resume=resume, on_step=on_step))
+    """The run in its own event loop. SIGTERM (`kill`, a job scheduler's stop) cancels it as Ctrl-C does, so it stops
+    the same way: the run stopped, its embedded cluster closed. Either raises KeyboardInterrupt here."""
+    async def main():
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # (no signal handlers off the main thread, or on Windows)
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        return await run_flow(cfg, out, resume=resume, on_step=on_step)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt("stopped by SIGTERM") from None

@@ -71,6 +71,10 @@ def run(flow, overrides, scheduler, out, resume):
             result = run_sync(cfg, out_dir, resume=resume, on_step=on_step)
     except FlowError as e:
         raise click.ClickException(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run stopped, its cluster closed
+        console.print(f"[yellow]{e or 'stopped by Ctrl-C'}: metrics so far in {out_dir / 'metrics.jsonl'}; "
+                      f"`rollart run {flow} --out {out_dir} --resume` continues from the latest checkpoint[/yellow]")
+        raise SystemExit(130) from None
     except Exception as e:
         partial = getattr(e, "partial", None)
         if partial is None:  # failed before it ran (set-up): nothing to write

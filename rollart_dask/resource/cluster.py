@@ -46,17 +46,20 @@ async def cluster_state(client) -> dict:
     return {**await client.run_on_scheduler(compat.plugin_names), "amm": bool(await client.scheduler.amm_handler(method="running"))}
 
 
+KEPT_PLUGINS = ("rollart-dashboard",)  # the RollArt page: it holds only what it shows, the finished runs' record
+
+
 async def leave_as_found(client, found: dict) -> None:
-    """Undo what the run changed since ``found`` (cluster_state): its plugins (named rollart-…) unregistered, their
-    teardown freeing the models and envs they hold, and the Active Memory Manager restarted if it ran. A step that
-    fails is said, and the others still run: the run's result stands."""
+    """Undo what the run changed since ``found`` (cluster_state): its plugins (named rollart-…, but the dashboard page's)
+    unregistered, their teardown freeing the models and envs they hold, and the Active Memory Manager restarted if it
+    ran. A step that fails is said, and the others still run: the run's result stands."""
     try:
         now = await cluster_state(client)
     except Exception as e:
         console.print(f"[yellow]could not read the cluster's plugins to leave it as found ({type(e).__name__}: {e})[/yellow]")
         return
     undo = [(f"{kind} plugin {name}", kind, name) for kind in ("worker", "nanny", "scheduler")
-            for name in sorted(set(now[kind]) - set(found[kind])) if name.startswith("rollart-")]
+            for name in sorted(set(now[kind]) - set(found[kind])) if name.startswith("rollart-") and name not in KEPT_PLUGINS]
     for what, kind, name in undo:
         try:
             if kind == "scheduler":
@@ -103,6 +106,25 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
     return {"workers": workers, "scheduler": scheduler, "security": security}
 
 
+# Run as `python -c`: the child asks Linux for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG), so a client killed
+# even by SIGKILL leaves no scheduler behind; then it runs the module it was given as `python -m` would.
+_DIE_WITH_PARENT = """import os, runpy, signal, sys
+parent = int(sys.argv.pop(1))
+if sys.platform.startswith("linux"):
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the request took hold
+        sys.exit(0)
+module = sys.argv.pop(1)
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def dies_with_this_process(module: str, *args: str) -> list[str]:
+    """The argv of ``python -m module args…`` in a child that ends when this process does (on Linux)."""
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), module, *args]
+
+
 class SchedulerProcess(compat.SchedulerSubprocess):
     """The embedded scheduler in its own process, not in the client's: there it would share the client's
     event loop and GIL with every trajectory coroutine, and every message between them would be
@@ -121,7 +143,7 @@ class SchedulerProcess(compat.SchedulerSubprocess):
         # scheduler (run_on_scheduler, plugins) unpickle by reference to modules it imported
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **self.extra_env)
         with os.fdopen(fd, "wb") as log:
-            self.process = await asyncio.create_subprocess_exec(sys.executable, "-m", "dask", "spec", "--spec", spec,
+            self.process = await asyncio.create_subprocess_exec(*dies_with_this_process("dask", "spec", "--spec", spec),
                                                                 stdout=log, stderr=log, env=env)
         scheduler_file = Path(self.scheduler_kwargs["scheduler_file"])
         deadline = time.monotonic() + self.timeout
