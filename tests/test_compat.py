@@ -34,7 +34,7 @@ def _remove(monkeypatch, module: str, path: str) -> None:
         monkeypatch.delattr(mod, parts[0])
         return
     owner, name = getattr(mod, parts[0]), parts[1]
-    assert hasattr(owner, name) or name in compat.hooks._init_assigned(owner), f"{path} is not there to remove"
+    assert hasattr(owner, name) or name in (compat.hooks._init_assigned(owner) or ()), f"{path} is not there to remove"
     standin = types.SimpleNamespace(**{k: getattr(owner, k) for k in dir(owner) if k != name and not k.startswith("__")})
     monkeypatch.setattr(mod, parts[0], standin)
 

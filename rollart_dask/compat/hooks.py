@@ -52,24 +52,30 @@ def _attribute(obj, name: str):
     """Also an instance attribute a class sets up in __init__ or declares by annotation (e.g. Client.scheduler_comm)."""
     if hasattr(obj, name):
         return getattr(obj, name)
-    if isinstance(obj, type) and (name in getattr(obj, "__annotations__", {}) or name in _init_assigned(obj)):
-        return name
+    if isinstance(obj, type):
+        assigned = _init_assigned(obj)
+        if name in getattr(obj, "__annotations__", {}) or assigned is None or name in assigned:  # (None: no source to read)
+            return name
     raise AttributeError(f"{obj.__name__ if isinstance(obj, type) else obj!r} has no attribute {name!r}")
 
 
-def _init_assigned(cls: type) -> set[str]:
+def _init_assigned(cls: type) -> set[str] | None:
+    """The attributes the __init__ methods of ``cls`` and its bases assign; None where none of their source can be read
+    (an install without .py files: those hooks then go unchecked rather than reported missing)."""
     import inspect
     import re
 
     names: set[str] = set()
+    read = False
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
-        if init is not None:
+        if inspect.isfunction(init):
             try:
                 names |= set(re.findall(r"self\.(\w+)\s*[:=]", inspect.getsource(init)))
+                read = True
             except (OSError, TypeError):
                 pass
-    return names
+    return names if read else None
 
 
 def check() -> None:
