@@ -58,7 +58,7 @@ async def open_comm(address: str, connection_args: dict):
 
 def batched_send(comm, loop=None) -> BatchedSend:
     """A started BatchedSend on ``comm``: what is sent within a millisecond goes in one write."""
-    send = BatchedSend(interval="1ms", loop=loop) if loop is not None else BatchedSend(interval="1ms")
+    send = BatchedSend(interval="1ms", loop=loop)
     send.start(comm)
     return send
 

@@ -50,7 +50,7 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path | None, d: Di
     """Check the cluster and start every service; ``on_weights`` sees the weight store as soon as it
     exists, so a failure later in set-up can still close it (a local mooncake_master). ``until_preflight``: stop after
     the pre-flight (control/preflight.py), before any model loads (`rollart check`)."""
-    compat.check()  # a distributed without one of the private hooks this run needs fails here, naming it
+    compat.check(dashboard=False)  # a distributed without one of the private hooks this run needs fails here, naming it
     backend = resolve_engine_backend(cfg.engine)
     if cfg.rollout.pd:  # engine.backend auto resolves only now: vllm cannot disaggregate here
         check_pd_backend(backend)
