@@ -489,6 +489,9 @@ class EvalConfig(Strict):
                                                              "drawn below it (so at least 1000 of them)")
     retries: int = Field(2, ge=0, description="rounds in which the held-out seeds whose trajectory failed (an error, not a wrong answer) are "
                                                "played again; seeds still failing make the evaluation incomplete: reported with why, never as a score")
+    temperature: float = Field(0.0, ge=0, description="0: greedy (the default); above: each held-out seed played once, sampled at this "
+                                                      "temperature (pass@1 of the sampled policy, the one training improves); the eval row "
+                                                      "and the summary say which")
 
 
 class PlacementConfig(Strict):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rollart_dask.algo.heldout import incomplete_note, is_complete, loggable, shown, summarise
+from rollart_dask.algo.heldout import incomplete_note, is_complete, loggable, played_as, shown, summarise
 from rollart_dask.control.evaluation import play
 from rollart_dask.control.proxy import TrajectoryCancelled
 from rollart_dask.types import Trajectory
@@ -20,10 +20,11 @@ class FakeEM:
     succeeds, any other ends with a wrong answer (an outcome, not a failure)."""
 
     def __init__(self, failures: dict, wins=(), error=TIMEOUT):
-        self.failures, self.wins, self.error, self.ids = dict(failures), set(wins), error, []
+        self.failures, self.wins, self.error, self.ids, self.temperatures = dict(failures), set(wins), error, [], []
 
-    async def run(self, traj: Trajectory, task, greedy: bool = False) -> Trajectory:
+    async def run(self, traj: Trajectory, task, eval_temperature: float | None = None) -> Trajectory:
         self.ids.append(traj.id)
+        self.temperatures.append(eval_temperature)
         await asyncio.sleep(0)
         left = self.failures.get(traj.seed, 0)
         if left is None or left > 0:
@@ -40,7 +41,7 @@ class Task:
 
 
 def played(em, seeds=range(4), retries=2):
-    return asyncio.run(play(em, Task(), seeds, "t", greedy=True, retries=retries))
+    return asyncio.run(play(em, Task(), seeds, "t", retries=retries))
 
 
 def test_failed_seeds_are_retried_in_rounds_with_fresh_ids_and_the_evaluation_completes():
@@ -79,7 +80,7 @@ def test_a_cancelled_trajectory_is_not_retried_and_a_cancelled_evaluation_raises
     assert len(em.ids) == 4 and not fig["complete"] and fig["failures"] == {"TrajectoryCancelled: eval-t-lake-1": 1}
 
     class Hanging(FakeEM):
-        async def run(self, traj, task, greedy=False):
+        async def run(self, traj, task, eval_temperature=None):
             await asyncio.sleep(60)
 
     async def cancel_it():
@@ -90,6 +91,17 @@ def test_a_cancelled_trajectory_is_not_retried_and_a_cancelled_evaluation_raises
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(cancel_it())
+
+
+def test_every_play_of_an_evaluation_is_an_evaluation_at_its_temperature_greedy_unless_given():
+    """None would make em.run play a counted training rollout at the engine's temperature."""
+    em = FakeEM({1: 1})
+    played(em)
+    assert em.temperatures == [0.0] * 5  # 4 seeds, then seed 1 again
+    em = FakeEM({})
+    asyncio.run(play(em, Task(), range(3), "t", 0.7))
+    assert em.temperatures == [0.7] * 3
+    assert played_as(0.0) == "greedy" and played_as(None) == "greedy" and played_as(0.7) == "sampled at T=0.7"
 
 
 def test_old_rows_without_complete_read_by_their_failed_calls():

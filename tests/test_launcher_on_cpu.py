@@ -20,7 +20,7 @@ class Rollout:
         self.started: list[str] = []
         self.aborted: list[str] = []
 
-    async def run(self, traj, task, barrier=None, greedy=False, on_start=None):
+    async def run(self, traj, task, barrier=None, eval_temperature=None, on_start=None):
         self.started.append(traj.id)
         await asyncio.Event().wait()
 

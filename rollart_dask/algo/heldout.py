@@ -61,6 +61,11 @@ def shown(fig: dict, digits: int = 3) -> str:
     return f"{fig['success']:.{digits}f}" if is_complete(fig) else incomplete_note(fig)
 
 
+def played_as(temperature: float | None) -> str:
+    """How an evaluation chose its moves: 'greedy', or 'sampled at T=1' (pass@1 of one sample per seed)."""
+    return "greedy" if not temperature else f"sampled at T={temperature:g}"
+
+
 SCORES = ("success", "success_ci", "reward_mean", "reward_ci")
 
 

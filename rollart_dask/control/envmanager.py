@@ -133,9 +133,12 @@ class EnvManager:
                         raise
                     raise fault from e
 
-    async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, greedy: bool = False, on_start=None) -> Trajectory:
-        """Play one trajectory to its end and score it. Raises on failure; the caller counts it."""
+    async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, eval_temperature: float | None = None,
+                  on_start=None) -> Trajectory:
+        """Play one trajectory to its end and score it. Raises on failure; the caller counts it. ``eval_temperature``: an
+        evaluation's episode at that temperature (0 greedy; uncounted, unprofiled); None: a training rollout at the engine's."""
         tid = traj.id
+        evaluating = eval_temperature is not None
         in_barrier = barrier is not None
         self.stage[tid] = "env-wait"
         try:
@@ -168,14 +171,14 @@ class EnvManager:
                     await barrier.wait()
                 self.stage[tid] = "generate"
                 max_tokens = task.max_tokens if budget is None else min(task.max_tokens, budget)
-                if self.profiler is not None and not greedy:
+                if self.profiler is not None and not evaluating:
                     self.profiler.asked(task.name, len(traj.turns), emulate, max_tokens)
                 messages = chat.ask(obs)
                 c = await self.proxy.generate(tid, lambda: task_pool(task), messages, choices or None, max_tokens,
-                                              0.0 if greedy else self.engine.temperature, emulate, counted=not greedy, task=task.name,
+                                              self.engine.temperature if eval_temperature is None else eval_temperature, emulate, counted=not evaluating, task=task.name,
                                               stop=task.prompt.stop)
                 chat.answered(c.text)
-                if self.profiler is not None and not greedy:
+                if self.profiler is not None and not evaluating:
                     self.profiler.observe(task.name, traj.turns, c)
                 if budget is not None:
                     budget -= len(c.token_ids)

@@ -10,8 +10,9 @@ from collections import Counter
 from rollart_dask.algo.heldout import reason, summarise
 from rollart_dask.types import Trajectory
 
-async def play(em, task, seeds: range, tag: str, greedy: bool = True, retries: int = 0) -> tuple[dict, dict[int, dict]]:
-    """Play ``task`` on ``seeds`` (all at once: a slow env does not serialise the others); its figures and outcomes by seed.
+async def play(em, task, seeds: range, tag: str, temperature: float = 0.0, retries: int = 0) -> tuple[dict, dict[int, dict]]:
+    """Play ``task`` on ``seeds`` (all at once: a slow env does not serialise the others); its figures and outcomes by seed,
+    played greedy (``temperature`` 0) or sampled at ``temperature`` (pass@1 of one sample per seed).
     Seeds whose trajectory failed (raised, not a wrong answer) are played again, together, up to ``retries`` rounds;
     a cancelled one (the run is stopping) is not: it counts as failed, and a cancelled ``play`` raises as before."""
     from rollart_dask.control.proxy import TrajectoryCancelled
@@ -24,7 +25,7 @@ async def play(em, task, seeds: range, tag: str, greedy: bool = True, retries: i
         # a new id each round: the env host refuses a reset of a trajectory it has closed
         trajs = [Trajectory(id=f"eval-{tag}-{task.name}-{s}" + (f"~r{round_}" if round_ else ""), group_id="eval", task=task.name, seed=s)
                  for s in pending]
-        results = await asyncio.gather(*(em.run(t, task, greedy=greedy) for t in trajs), return_exceptions=True)
+        results = await asyncio.gather(*(em.run(t, task, eval_temperature=temperature) for t in trajs), return_exceptions=True)
         pending, cancelled = [], False
         for t, r in zip(trajs, results):
             if isinstance(r, Trajectory):

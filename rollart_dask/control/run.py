@@ -291,10 +291,13 @@ class Run:
         await self.recompute_kv(rec)
 
     # -- evaluation ---------------------------------------------------------------------------------
-    async def evaluate(self, seeds: range | None = None, tasks: list[TaskConfig] | None = None, greedy: bool = True) -> dict:
-        """Held-out evaluation at the engines' current version: greedy on the fixed held-out seeds of every task (or
-        ``seeds`` of ``tasks``). Written as an eval row; each task's outcomes by seed are kept in ``self.outcomes``."""
+    async def evaluate(self, seeds: range | None = None, tasks: list[TaskConfig] | None = None,
+                       temperature: float | None = None) -> dict:
+        """Held-out evaluation at the engines' current version on the fixed held-out seeds of every task (or ``seeds`` of
+        ``tasks``), greedy or sampled at ``eval.temperature`` (or ``temperature``). Written as an eval row (with its
+        temperature); each task's outcomes by seed are kept in ``self.outcomes``."""
         version = self.engine_version
+        temperature = self.cfg.eval.temperature if temperature is None else temperature
         t0 = time.monotonic()
 
         def seeds_of(task: TaskConfig, start=self.cfg.eval.start_seed) -> range:
@@ -306,14 +309,14 @@ class Run:
             else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
                 chosen = tasks or self.cfg.tasks
                 tag, retries = f"{self.run_id}-v{version}", self.cfg.eval.retries
-                played = await asyncio.gather(*(evaluation.play(self.services.em, t, seeds_of(t), tag, greedy, retries) for t in chosen))
+                played = await asyncio.gather(*(evaluation.play(self.services.em, t, seeds_of(t), tag, temperature, retries) for t in chosen))
                 out = {t.name: figures for t, (figures, _) in zip(chosen, played)}
                 self.outcomes = {t.name: outcomes for t, (_, outcomes) in zip(chosen, played)}
                 for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
                     if not is_complete(fig):
                         console.print(f"held-out {name} at v{version}: {incomplete_note(fig)}", markup=False, style="yellow")
-        row = {"kind": "eval", "step": version, "version": version, "eval": out, "elapsed_s": time.monotonic() - self.t_start,
-               "eval_s": time.monotonic() - t0}
+        row = {"kind": "eval", "step": version, "version": version, "eval": out, "temperature": temperature,
+               "elapsed_s": time.monotonic() - self.t_start, "eval_s": time.monotonic() - t0}
         self.history.append(row)
         self.metrics.write(row)
         return out

@@ -36,7 +36,7 @@ def run(flow, overrides, scheduler, out, resume):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollart_dask.control.buffer import OUTCOMES
-    from rollart_dask.algo.heldout import is_complete, shown
+    from rollart_dask.algo.heldout import is_complete, played_as, shown
     from rollart_dask.entry.api import run_sync
     from rollart_dask.observe import console, summary_table
 
@@ -88,7 +88,7 @@ def run(flow, overrides, scheduler, out, resume):
         fa, fb = first["eval"][task], last["eval"][task]
         both = f"{shown(fa)} (v{first['version']}) → {shown(fb)} (v{last['version']})"
         delta = f"  Δ {fb['success'] - fa['success']:+.3f}" if is_complete(fa) and is_complete(fb) else ""  # never built on an incomplete one
-        rows.append((f"held-out {task} success", escape(both) + delta))
+        rows.append((f"held-out {task} success ({played_as(last.get('temperature'))})", escape(both) + delta))
     if cfg.warmstart.steps and not resume:
         rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
     rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", Path(result["checkpoint"]).name + " (its full path below)")]

@@ -20,7 +20,8 @@ def _interval(value: float, ci: list[float], digits: int = 2) -> str:
 @click.option("--task", "tasks", multiple=True, metavar="NAME", help="evaluate this task only (repeatable; default: every task of the flow)")
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="seeds per task (default: the flow's held-out count)")
 @click.option("--start", type=int, default=None, help="first seed (default: the held-out range, eval.start_seed)")
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True, help="0: greedy; above: sampled")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="0: greedy; above: sampled (default: the run's eval.temperature, 0 unless its flow set it)")
 @click.option("--compare", "other", type=click.Path(exists=True, file_okay=False), metavar="CHECKPOINT|RUN_DIR",
               help="a second checkpoint, evaluated on the same seeds: both side by side, and their paired difference")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a key of the run's flow, e.g. engine.backend=vllm")
@@ -45,7 +46,7 @@ def eval_command(target, tasks, seeds, start, temperature, other, overrides, out
         raise click.ClickException(str(e))
     names = [f"{Path(r['checkpoint']).name} (v{r['version']})" for r in results]
     first = results[0]
-    how = "greedy" if not temperature else f"sampled at temperature {temperature}"
+    how = "greedy" if not first["temperature"] else f"sampled at temperature {first['temperature']}"
     table = Table(title=f"{how}, seeds from {first['start_seed']}" + (" (the run's held-out range)" if first["held_out"] else ""))
     table.add_column("task")
     table.add_column("seeds", justify="right")

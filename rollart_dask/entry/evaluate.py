@@ -47,17 +47,18 @@ def select_tasks(cfg: FlowConfig, names: tuple[str, ...]) -> list:
 
 
 async def evaluate(target: str | Path, out: Path, tasks: tuple[str, ...] = (), seeds: int | None = None, start: int | None = None,
-                   temperature: float = 0.0, overrides: tuple[str, ...] = ()) -> dict:
+                   temperature: float | None = None, overrides: tuple[str, ...] = ()) -> dict:
     """Evaluate one checkpoint; {checkpoint, version, seeds [start, stop), figures by task, outcomes by task and seed}."""
     from rollart_dask.entry.api import started
 
     run_dir, checkpoint = locate(target)
-    cfg = eval_flow(run_dir, [*overrides, *([f"engine.temperature={temperature}"] if temperature else [])])
+    cfg = eval_flow(run_dir, list(overrides))
     chosen = select_tasks(cfg, tasks)
     begin = cfg.eval.start_seed if start is None else start
     given = None if seeds is None and start is None else range(begin, begin + (seeds or cfg.eval.seeds))  # None: the run's held-out
+    temperature = cfg.eval.temperature if temperature is None else temperature
     async with started(cfg, out, resume=checkpoint) as run:
-        figures = await run.evaluate(given, chosen, greedy=temperature == 0)
+        figures = await run.evaluate(given, chosen, temperature)
         return {"checkpoint": str(checkpoint.resolve()), "run": str(run_dir.resolve()), "version": run.engine_version,
                 "start_seed": begin, "held_out": given is None, "temperature": temperature, "eval": figures, "outcomes": run.outcomes}
 

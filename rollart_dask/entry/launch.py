@@ -151,9 +151,9 @@ class RunHandle:
             evals = self._rows("eval")
             if evals:
                 first, last = evals[0], evals[-1]
-                from rollart_dask.algo.heldout import shown  # (an incomplete evaluation: its note, never a score)
+                from rollart_dask.algo.heldout import played_as, shown  # (an incomplete evaluation: its note, never a score)
 
-                rows.append(("held-out", ", ".join(f"{t} {shown(first['eval'][t], 2) if t in first['eval'] else '—'} → {shown(e, 2)}"
+                rows.append((f"held-out ({played_as(last.get('temperature'))})", ", ".join(f"{t} {shown(first['eval'][t], 2) if t in first['eval'] else '—'} → {shown(e, 2)}"
                                                    for t, e in last["eval"].items())))
         if self.error is not None:
             rows.append(("error", escape(repr(self.error))))

@@ -21,7 +21,7 @@ th{background:#f4f4f4}img{max-width:100%;border:1px solid #eee}figcaption{color:
 pre{background:#f8f8f8;padding:8px;font-size:12px;overflow:auto}.muted{color:#777}"""
 
 CAPTIONS = {  # what each figure reads from (the metrics.jsonl keys), so a reader can check it against the rows
-    "heldout.png": "eval rows: success per task on the held-out seeds, greedy, with the 95% interval; against wall time and policy version. "
+    "heldout.png": "eval rows: success per task on the held-out seeds (greedy unless eval.temperature), with the 95% interval; against wall time and policy version. "
                    "An incomplete evaluation (eval calls that failed after their retries) is no score: left out, a dotted vertical line, labelled.",
     "train.png": "step rows: reward_mean and success of the trained batch.",
     "policy.png": "step rows: entropy, approx_kl (to the behaviour policy), clip_frac of the update.",
