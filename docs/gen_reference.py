@@ -1,5 +1,5 @@
 """The flow and CLI reference pages, generated from the code: the flow schema's field descriptions
-(rollart_dask/config.py) and the click commands (rollart_dask/entry/cli.py).
+(rollart_dask/config/schema.py) and the click commands (rollart_dask/entry/cli.py).
 
     python docs/gen_reference.py          # writes docs/reference/flow.md and docs/reference/cli.md
 
@@ -84,7 +84,7 @@ def flow_keys(model: type[BaseModel] = None, prefix: str = "") -> list[tuple[str
 
 def flow_reference() -> str:
     lines = ["# Flow reference", "",
-             "Every key of a flow file, generated from the schema's own descriptions (`rollart_dask/config.py`). "
+             "Every key of a flow file, generated from the schema's own descriptions (`rollart_dask/config/schema.py`). "
              "A key not listed here is refused at load with the allowed keys named. `--set KEY=VALUE` takes the same "
              "dotted keys (`tasks.NAME.KEY` for a task). `tasks[]` is a list of tasks; `NAME` is a key of your choosing.", ""]
     sections: dict[str, list[str]] = {}  # a section's rows together, in the order sections first appear

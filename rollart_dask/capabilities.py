@@ -1,4 +1,4 @@
-"""What each backend can do, as data: the flow schema (config.py) checks a flow against this table,
+"""What each backend can do, as data: the flow schema (config/schema.py) checks a flow against this table,
 so config never imports the services that implement the backends.
 
 ``PD``: engine backends that can run prefill/decode disaggregation (``rollout.pd``).

@@ -4,6 +4,7 @@ import importlib
 import os
 import platform
 import shutil
+import time
 
 import pytest
 
@@ -151,6 +152,29 @@ def check_staleness_by_turns(batches: list, step_rows: list[dict], alpha: int) -
             assert versions[-1] <= n, f"a turn at v{versions[-1]} trained at v{n}: engines ahead of the trainer"
             spanning += len(set(versions)) > 1
     return spanning
+
+
+# -- waiting for an event, not a fixed time ------------------------------------------------------------------
+def wait_for(cond, timeout: float = 180.0, what: str = "condition", every: float = 0.05):
+    """Poll ``cond`` until it returns something true (returned), failing after ``timeout`` s naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(every)
+    return value
+
+
+async def await_for(cond, timeout: float = 180.0, what: str = "condition", every: float = 0.05):
+    """``wait_for`` inside a loop: ``cond`` may be a coroutine function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        await asyncio.sleep(every)
 
 
 @pytest.fixture

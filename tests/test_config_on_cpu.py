@@ -88,3 +88,24 @@ def test_cli_refuses_to_mix_runs_in_one_out_dir(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     res = CliRunner().invoke(main, ["run", "flows/quickstart.yaml", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "already holds a run" in res.output and "--resume" in res.output
+
+
+def test_validators_check_and_one_pass_normalises(monkeypatch):
+    """What a flow leaves to be derived is filled in by ``normalise`` alone: with it switched off, validation changes
+    nothing (a task's declared affinity, the emulated clock, Dr. GRPO's constant stay unset)."""
+    import yaml
+
+    from rollart_dask.config import schema
+
+    data = yaml.safe_load(open("flows/ablations/workloads/multitask.yaml"))
+    overrides = ["trainer.loss_agg=constant", "emulation.time_scale=0.01"]
+    cfg = load_flow(data=data, overrides=overrides)
+    inject = [t for t in cfg.tasks if t.inject is not None]
+    assert inject and all(t.inject["time_scale"] == 0.01 for t in inject)
+    assert cfg.trainer.loss_norm_tokens == max(t.max_tokens for t in cfg.tasks)
+
+    normalise = schema.normalise
+    monkeypatch.setattr(schema, "normalise", lambda flow: flow)
+    raw = load_flow(data=data, overrides=overrides)
+    assert all("time_scale" not in (t.inject or {}) for t in raw.tasks) and raw.trainer.loss_norm_tokens is None
+    assert normalise(raw).model_dump() == cfg.model_dump()  # the pass alone makes the difference

@@ -9,6 +9,7 @@ import torch
 from rollart_dask.config import EmulationConfig, EngineConfig
 from rollart_dask.data.backends import ENGINES
 from rollart_dask.data.engine_base import RecentAborts
+from tests.conftest import wait_for
 
 
 def request(rid: str, **kw) -> dict:
@@ -38,9 +39,10 @@ def test_emulated_engine_ends_a_request_whose_abort_came_while_it_was_busy():
     done: list = []
     runner = threading.Thread(target=lambda: done.extend(engine.generate([long])), daemon=True)
     runner.start()
-    time.sleep(0.3)  # the driver is decoding the long request
+    (instance,) = engine.engines
+    wait_for(lambda: "busy#1" in instance.batch.running, timeout=30, what="the driver decoding the long request")
     engine.abort(["late#1"])
-    time.sleep(0.3)  # … and has gone through its aborts since
+    wait_for(lambda: not instance._fresh_aborts, timeout=30, what="the driver going through its aborts")
     t0 = time.monotonic()
     (late,) = engine.generate([request("late#1", max_tokens=2_000, emulate={"prompt_tokens": 64, "output_tokens": 2_000})])
     took = time.monotonic() - t0

@@ -2,7 +2,6 @@
 continue exactly where they stopped (same greedy tokens as never stopping, a choice half decoded stays a choice), the
 emulated engine returns what it generated before an abort, and the proxy joins the pieces with a version per token."""
 import threading
-import time
 
 import torch
 
@@ -10,6 +9,7 @@ from rollart_dask.config import EmulationConfig, EngineConfig
 from rollart_dask.control.proxy import Prefix
 from rollart_dask.data.backends import ENGINES
 from rollart_dask.types import Completion
+from tests.conftest import wait_for
 
 
 def torch_engine(model_dir):
@@ -49,7 +49,13 @@ def test_emulated_engine_returns_what_it_generated_before_an_abort_and_continues
     runner = threading.Thread(target=lambda: done.extend(engine.generate([{"id": "m#0", "prompt": "", "max_tokens": 30_000,
                                                                             "temperature": 1.0, "emulate": emulate}])), daemon=True)
     runner.start()
-    time.sleep(0.5)  # decoding
+    (instance,) = engine.engines
+
+    def decoding():
+        seq = instance.batch.running.get("m#0")
+        return seq is not None and instance.batch.step_no > seq.admit_step + 10
+
+    wait_for(decoding, timeout=30, what="m#0 decoding")
     engine.abort(["m#0"])
     runner.join(30)
     (cut,) = done

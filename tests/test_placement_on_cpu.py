@@ -73,8 +73,7 @@ def test_a_profile_becomes_a_synthetic_workload_and_every_mapping_is_ranked():
     assert len(ranking) == 9 and [r["step_s"] for r in ranking] == sorted(r["step_s"] for r in ranking)
     assert {tuple(r["mapping"].values()) for r in ranking} == {(a, b) for a in ("prefill", "decode", "any") for b in ("prefill", "decode", "any")}
     assert ranking[-1]["step_s"] > 1.1 * ranking[0]["step_s"]  # on small pools the mapping matters
-    cfg.tasks[1]._placed = "decode"
-    assert task_pool(cfg.tasks[1]) == "H20"
+    assert task_pool(cfg.tasks[1], placed={"math": "decode"}) == "H20"
 
 
 def test_auto_needs_the_pools_hardware_and_a_profile_of_every_task():
@@ -105,7 +104,7 @@ def test_a_previous_runs_profile_places_the_tasks_before_rollout(tmp_path):
     decided = json.loads((tmp_path / "run" / "placement.json").read_text())
     assert decided["profile_source"].endswith("placement.json") and decided["profiled_at_step"] == 0
     assert set(decided["mapping"]) == {"frozenlake"} and len(decided["ranking"]) == 3  # only the auto task is placed
-    assert cfg.tasks[0]._placed == decided["mapping"]["frozenlake"] and not placement.profiler.active
+    assert placement.placed == {"frozenlake": decided["mapping"]["frozenlake"]} and not placement.profiler.active
     # the earlier run's measured cost of the runtime scales the simulated step times
     assert decided["runtime_factor"] == 1.25 and decided["predicted_step_s"] == pytest.approx(1.25 * decided["simulated_step_s"])
     cfg.placement.profile_from = str(tmp_path / "nowhere")

@@ -13,9 +13,23 @@ from rollart_dask.resource.cluster import connect
 from rollart_dask.config import load_flow
 from rollart_dask.control.run import Run
 from rollart_dask.resource.pools import PoolError
-from tests.conftest import check_staleness_by_turns, close, flow_dict, record_trained_batches, start_run
+from tests.conftest import await_for, check_staleness_by_turns, close, flow_dict, record_trained_batches, start_run
 
 POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "reward-0": "REWARD"}
+
+
+EXPECTED = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"reward-0"},
+            "train": {"train-0"}, "publish-weights": {"train-0"}, "weights-bucket": {"train-0"}, "stage-weights": {"h800-0"},
+            "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
+
+
+def stages_by_worker(stream, names) -> dict[str, set]:
+    seen: dict[str, set] = {}
+    for rec in stream:
+        key = rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]  # ("stage-<span id>", "<id>") inside a span
+        prefix = key.rsplit("-", 1)[0] if isinstance(key, str) else str(key)
+        seen.setdefault(prefix, set()).add(names[rec["worker"]])
+    return seen
 
 
 def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
@@ -27,24 +41,21 @@ def test_each_task_lands_on_its_pool(address, tmp_path, model_dir, run_async):
             await client.get_task_stream(start=time.time())  # installs the recorder
             t0 = time.time()
             result = await run.run()
-            await asyncio.sleep(2.5)  # the workers report their batches (no Dask tasks) about once a second
-            stream = await client.get_task_stream(start=t0)
             info = await client.scheduler.identity()
-            return result, stream, {a: w["name"] for a, w in info["workers"].items()}
+            names = {a: w["name"] for a, w in info["workers"].items()}
+
+            async def seen_so_far():  # the workers report their batches (no Dask tasks) about once a second
+                seen = stages_by_worker(await client.get_task_stream(start=t0), names)
+                return seen if EXPECTED.keys() <= seen.keys() else None
+
+            seen = await await_for(seen_so_far, timeout=30, what=f"every stage of {sorted(EXPECTED)} in the task stream")
+            return result, seen
         finally:
             await close(run, client, cluster)
 
-    result, stream, names = run_async(go())
+    result, seen = run_async(go())
     assert result["steps"] == 2
-    expected = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"reward-0"},
-                "train": {"train-0"}, "publish-weights": {"train-0"}, "weights-bucket": {"train-0"}, "stage-weights": {"h800-0"},
-                "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
-    seen: dict[str, set] = {}
-    for rec in stream:
-        key = rec["key"][0] if isinstance(rec["key"], tuple) else rec["key"]  # ("stage-<span id>", "<id>") inside a span
-        prefix = key.rsplit("-", 1)[0] if isinstance(key, str) else str(key)
-        seen.setdefault(prefix, set()).add(names[rec["worker"]])
-    for stage, workers in expected.items():
+    for stage, workers in EXPECTED.items():
         assert stage in seen, f"no {stage} task ran; saw {sorted(seen)}"
         assert seen[stage] <= workers, f"{stage} ran on {seen[stage]}, expected {workers}"
 

@@ -8,12 +8,14 @@ import urllib.request
 from distributed import Client, get_task_stream
 
 import rollart_dask
-from tests.conftest import flow_dict
+from tests.conftest import flow_dict, wait_for
 
 STAGES = {"preflight", "generate", "env-reset", "env-step", "env-close", "reward", "abort", "update-weights", "reset-prefix-cache", "train", "train-batch",
           "publish-weights",
           "weights-bucket", "stage-weights",
           "checkpoint", "restore", "warmstart", "warmstart-demos"}
+ROLLOUT_BATCHES = {"generate", "env-reset", "env-step", "reward"}  # rollout's pinned calls: in the run's span
+ENGINE_BATCHES = {"update-weights", "reset-prefix-cache"}  # the engines' control calls: in the step's span
 PHASES = {"get-batch", "wait-train", "pull-weights", "suspend", "update-weights", "resume", "recompute-kv", "train", "eval"}
 
 
@@ -54,10 +56,16 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
         with get_task_stream(client) as stream:
             run = rollart_dask.launch(flow_dict(**{"trainer.steps": 3}), client=client, out=tmp_path)
             result = run.wait(timeout=300)
-            time.sleep(2.5)  # the workers report their batches (no Dask tasks) about once a second
+
+            def batches_reported():  # the workers report their batches (no Dask tasks) about once a second
+                seconds = client.run_on_scheduler(batch_seconds_since, t0=t0)
+                ok = (ROLLOUT_BATCHES <= set(seconds.get(("rollart",), {}))
+                      and ENGINE_BATCHES <= set(seconds.get(("rollart", "step-2"), {})))
+                return seconds if ok else None
+
+            batch_seconds = wait_for(batches_reported, timeout=30, what="the workers' batch reports")
         assert result["steps"] == 3
         spans = client.run_on_scheduler(spans_since, t0=t0)
-        batch_seconds = client.run_on_scheduler(batch_seconds_since, t0=t0)
         keys = client.run_on_scheduler(transitions_since, t0=t0)
         state = client.run_on_scheduler(dashboard_state, run_id=run._run.run_id)
         url = run.dashboard_url
@@ -72,8 +80,8 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
     assert by_name[("rollart", "step-2", "wait-train")] == ["publish-weights", "stage-weights", "weights-bucket"]
     # rollout's calls and the engines' control calls go straight to their workers (no Dask tasks): their time is in
     # the deepest of their spans the scheduler knows all the same (a phase span holding no task is not one of them)
-    assert {"generate", "env-reset", "env-step", "reward"} <= set(batch_seconds[("rollart",)]), batch_seconds
-    assert {"update-weights", "reset-prefix-cache"} <= set(batch_seconds[("rollart", "step-2")]), batch_seconds
+    assert ROLLOUT_BATCHES <= set(batch_seconds[("rollart",)]), batch_seconds
+    assert ENGINE_BATCHES <= set(batch_seconds[("rollart", "step-2")]), batch_seconds
     assert all(v > 0 and stage in STAGES for stages in batch_seconds.values() for stage, v in stages.items()), batch_seconds
     # (evaluation has a span too, but its calls may all have joined coalesced batches opened by rollout)
     for name, prefixes in spans:

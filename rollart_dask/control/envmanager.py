@@ -67,6 +67,7 @@ class EnvManager:
         self.counts: Counter = Counter()
         self._closing: set[asyncio.Task] = set()  # closes of cancelled or failed trajectories' envs, not yet answered
         self.profiler = None  # control/placement.py's Profiler: told of every training turn asked and answered
+        self.placed: dict[str, str] = {}  # affinity auto: task → the affinity the run chose (control/placement.py), until then any
 
     async def closes_done(self, timeout: float) -> int:
         """Wait (at most ``timeout`` s) for the env closes still in flight; returns how many were left unanswered.
@@ -174,7 +175,7 @@ class EnvManager:
                 if self.profiler is not None and not evaluating:
                     self.profiler.asked(task.name, len(traj.turns), emulate, max_tokens)
                 messages = chat.ask(obs)
-                c = await self.proxy.generate(tid, lambda: task_pool(task), messages, choices or None, max_tokens,
+                c = await self.proxy.generate(tid, lambda: task_pool(task, self.placed), messages, choices or None, max_tokens,
                                               self.engine.temperature if eval_temperature is None else eval_temperature, emulate, counted=not evaluating, task=task.name,
                                               stop=task.prompt.stop)
                 chat.answered(c.text)

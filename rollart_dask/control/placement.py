@@ -153,7 +153,7 @@ async def attach(cfg: FlowConfig, out: Path, services) -> AutoPlacement | None:
     """The run's placement of its auto tasks and ``rollout.pd: auto`` (None without either): the env manager feeds its profiler."""
     if not any(t.affinity == "auto" for t in cfg.tasks) and cfg.rollout.pd != "auto":
         return None
-    placement = AutoPlacement(cfg, out, lambda: Counter(services.proxy.pool_of.values()), services.proxy)
+    placement = AutoPlacement(cfg, out, lambda: Counter(services.proxy.pool_of.values()), services.proxy, placed=services.em.placed)
     services.em.profiler = placement.profiler
     await placement.start()
     return placement
@@ -162,8 +162,9 @@ async def attach(cfg: FlowConfig, out: Path, services) -> AutoPlacement | None:
 class AutoPlacement:
     """The run's side: profile, decide in a separate process (the simulator would hold the event loop's GIL), apply."""
 
-    def __init__(self, cfg: FlowConfig, out: Path, engine_workers, proxy=None):
+    def __init__(self, cfg: FlowConfig, out: Path, engine_workers, proxy=None, placed: dict[str, str] | None = None):
         self.cfg, self.out, self.engine_workers = cfg, Path(out), engine_workers  # engine_workers(): pool → engines
+        self.placed = {} if placed is None else placed  # auto task → the affinity chosen (the env manager routes by it)
         self.auto = [t for t in cfg.tasks if t.affinity == "auto"]
         self.pd_auto, self.proxy = cfg.rollout.pd == "auto", proxy  # pd auto: the proxy's route is set when decided (off until then)
         self.profiler = Profiler()
@@ -244,7 +245,7 @@ class AutoPlacement:
 
     def _apply(self, decision: dict) -> None:
         for t in self.auto:
-            t._placed = decision["mapping"][t.name]
+            self.placed[t.name] = decision["mapping"][t.name]
         if self.pd_auto:  # calls issued from now on take the route (those in flight end where they are)
             self.proxy.pd = PDConfig(**decision["pd"]) if decision["pd"] else None
         self.decided = decision

@@ -291,14 +291,11 @@ class Run:
         await self.recompute_kv(rec)
 
     # -- evaluation ---------------------------------------------------------------------------------
-    async def evaluate(self, seeds: range | None = None, tasks: list[TaskConfig] | None = None,
-                       temperature: float | None = None) -> dict:
-        """Held-out evaluation at the engines' current version on the fixed held-out seeds of every task (or ``seeds`` of
-        ``tasks``), greedy or sampled at ``eval.temperature`` (or ``temperature``). Written as an eval row (with its
-        temperature); each task's outcomes by seed are kept in ``self.outcomes``."""
-        version = self.engine_version
+    async def evaluate(self, seeds: range | None = None, tasks: list[TaskConfig] | None = None, temperature: float | None = None) -> dict:
+        """Held-out evaluation at the engines' version on every task's held-out seeds (or ``seeds`` of ``tasks``), greedy or sampled
+        at ``eval.temperature`` (or ``temperature``): an eval row; each task's outcomes by seed in ``self.outcomes``."""
+        version, t0 = self.engine_version, time.monotonic()
         temperature = self.cfg.eval.temperature if temperature is None else temperature
-        t0 = time.monotonic()
 
         def seeds_of(task: TaskConfig, start=self.cfg.eval.start_seed) -> range:
             return seeds if seeds is not None else range(start, start + (task.eval_seeds or self.cfg.eval.seeds))

@@ -72,7 +72,7 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
         if cfg.rollout.pd_route is None:  # (disaggregated, every call is prefilled on one pool and decoded on the other)
             for t in cfg.tasks:
                 where = (f"any engine pool for the first {cfg.placement.profile_steps} step(s), then as its measured profile decides"
-                         if t.affinity == "auto" and t._placed is None else " or ".join(task_pools(t)))
+                         if t.affinity == "auto" and t.name not in s.em.placed else " or ".join(task_pools(t, s.em.placed)))
                 console.print(f"task {t.name}: affinity {t.affinity} ({t._affinity_from}) → generation on {where}")
         emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
         if cfg.reward.endpoint_faults:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-# The one pool vocabulary: the flow schema (config.py) types its fields with these, nothing else defines them.
+# The one pool vocabulary: the flow schema (config/schema.py) types its fields with these, nothing else defines them.
 Pool = Literal["H800", "H20", "CPU", "SERVERLESS", "TRAIN", "REWARD"]
 EnginePool = Literal["H800", "H20"]
 POOLS: tuple[str, ...] = get_args(Pool)

