@@ -9,6 +9,7 @@ most leaked envs / sandbox processes, and the errors of the runs that did not co
     python benchmarks/chaos.py --repeats 3                      # ~12 min on 2 cores
     python benchmarks/chaos.py --scenario trainer-worker-lost --repeats 5
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,14 @@ def main(flow: str, scenario: str, repeats: int, steps: int, out: str) -> None:
         t.add_column(c, overflow="fold")
     for name, rows in by_name.items():
         slow = [r["slowdown"] for r in rows if r["slowdown"] is not None]
-        t.add_row(name, f"{sum(bool(r.get('completed')) for r in rows)}/{len(rows)}",
-                  str(max((r.get("samples_lost", 0) for r in rows), default=0)), f"{statistics.median(slow):.2f}×" if slow else "–",
-                  f"{max((r.get('leaked_envs') or 0) for r in rows)} / {max(r.get('leaked_processes', 0) for r in rows)}",
-                  "; ".join(r["error"] for r in rows if r.get("error")) or "–")
+        t.add_row(
+            name,
+            f"{sum(bool(r.get('completed')) for r in rows)}/{len(rows)}",
+            str(max((r.get("samples_lost", 0) for r in rows), default=0)),
+            f"{statistics.median(slow):.2f}×" if slow else "–",
+            f"{max((r.get('leaked_envs') or 0) for r in rows)} / {max(r.get('leaked_processes', 0) for r in rows)}",
+            "; ".join(r["error"] for r in rows if r.get("error")) or "–",
+        )
     console.print(t)
     (Path(out) / "repeats.json").write_text(json.dumps(by_name, indent=2, default=str))
 

@@ -20,6 +20,7 @@ runtime at all. It alternates bare and runtime three times per size and prints
 runtime / bare. The runtime's pinned calls no longer travel as Dask tasks (they go straight to
 their workers), so the ratio may pass 1: the bare loop is the transport the runtime stood on.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,15 @@ FLOW = {
     "rollout": {"mode": "rollart", "alpha": 1, "admission": "eager", "group_size": 8},
     "eval": {"every": 0},
     "observe": {"tensorboard": False, "progress": False, "watchdog_s": 600},
-    "tasks": [{"name": "null", "env": "synthetic", "reward": "emulated", "max_tokens": 64,
-               "env_args": {"turns": 4, "prompt_tokens": 256, "obs_tokens": 32, "output_tokens": 16}}],
+    "tasks": [
+        {
+            "name": "null",
+            "env": "synthetic",
+            "reward": "emulated",
+            "max_tokens": 64,
+            "env_args": {"turns": 4, "prompt_tokens": 256, "obs_tokens": 32, "output_tokens": 16},
+        }
+    ],
 }
 
 
@@ -76,8 +84,11 @@ SERVICE_BOUND = {"generate_ms": 50.0, "env_step_ms": 10.0, "time_scale": 0.01}
 def service_bound_overrides() -> list[str]:
     ts = SERVICE_BOUND["time_scale"]
     step = {"step_latency": {"dist": "constant", "s": SERVICE_BOUND["env_step_ms"] / 1e3 / ts}}
-    return [f"emulation.time_scale={ts}", f"emulation.null_generate_s={SERVICE_BOUND['generate_ms'] / 1e3 / ts}",
-            f"tasks.0.inject={json.dumps(step)}"]
+    return [
+        f"emulation.time_scale={ts}",
+        f"emulation.null_generate_s={SERVICE_BOUND['generate_ms'] / 1e3 / ts}",
+        f"tasks.0.inject={json.dumps(step)}",
+    ]
 
 
 async def timed_run(cfg, run_dir: Path) -> dict:
@@ -105,23 +116,43 @@ async def timed_run(cfg, run_dir: Path) -> dict:
 
 async def measure(inflight: int, steps: int, out: Path, overrides: list[str] = ()) -> dict:
     # eager α=1 keeps up to 2 batches of groups untrained: in flight ≈ 2 × batch_groups × 8
-    cfg = load_flow(data=json.loads(json.dumps(FLOW)), overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}",
-                                                                   *overrides])
+    cfg = load_flow(
+        data=json.loads(json.dumps(FLOW)),
+        overrides=[f"rollout.batch_groups={max(1, inflight // 16)}", f"trainer.steps={steps}", *overrides],
+    )
     run_dir = out / f"inflight-{inflight}"
     t = await timed_run(cfg, run_dir)
     run, wall, cpu0, cpu1, sent = t["run"], t["wall_s"], t["cpu_before"], t["cpu_after"], t["scheduler_sent"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     st = [r for r in rows if r["kind"] == "step"]
     turns = run.counts["turns"]
-    lat = {(stage, q): statistics.median(r["stage_latency"][stage][f"{q}_ms"] for r in st if stage in r["stage_latency"])
-           for stage in ("generate", "env-step") for q in ("p50", "p99")}
+    lat = {
+        (stage, q): statistics.median(r["stage_latency"][stage][f"{q}_ms"] for r in st if stage in r["stage_latency"])
+        for stage in ("generate", "env-step")
+        for q in ("p50", "p99")
+    }
     workers = sum(cpu1[1].values()) - sum(cpu0[1].values())
-    return {"inflight": inflight, "batch_trajectories": cfg.rollout.batch_groups * 8, "steps": len(st), "turns": turns, "wall_s": wall,
-            "turns_per_s": turns / wall, "generate_p50_ms": lat["generate", "p50"], "env_step_p50_ms": lat["env-step", "p50"],
-            "generate_p99_ms": lat["generate", "p99"], "env_step_p99_ms": lat["env-step", "p99"],
-            "batches_per_turn": run.d.futures / max(turns, 1), "calls_per_turn": run.d.calls / max(turns, 1), "scheduler_msgs_per_turn": sent / max(turns, 1),
-            "cpu_s": {"client": cpu1[0] - cpu0[0], "scheduler": cpu1[2] - cpu0[2], "workers": workers,
-                      "per_worker": {a: round(cpu1[1][a] - cpu0[1].get(a, 0.0), 2) for a in cpu1[1]}}}
+    return {
+        "inflight": inflight,
+        "batch_trajectories": cfg.rollout.batch_groups * 8,
+        "steps": len(st),
+        "turns": turns,
+        "wall_s": wall,
+        "turns_per_s": turns / wall,
+        "generate_p50_ms": lat["generate", "p50"],
+        "env_step_p50_ms": lat["env-step", "p50"],
+        "generate_p99_ms": lat["generate", "p99"],
+        "env_step_p99_ms": lat["env-step", "p99"],
+        "batches_per_turn": run.d.futures / max(turns, 1),
+        "calls_per_turn": run.d.calls / max(turns, 1),
+        "scheduler_msgs_per_turn": sent / max(turns, 1),
+        "cpu_s": {
+            "client": cpu1[0] - cpu0[0],
+            "scheduler": cpu1[2] - cpu0[2],
+            "workers": workers,
+            "per_worker": {a: round(cpu1[1][a] - cpu0[1].get(a, 0.0), 2) for a in cpu1[1]},
+        },
+    }
 
 
 def null_batch(items: list) -> list:
@@ -175,8 +206,14 @@ async def bare_loop(client, inflight: int, seconds: float, turns: int = 4) -> di
     await asyncio.gather(*(trajectories() for _ in range(inflight)))
     wall = time.monotonic() - t0
     latency.sort()
-    return {"turns": done_turns, "wall_s": wall, "turns_per_s": done_turns / wall, "calls_per_turn": len(latency) / max(done_turns, 1),
-            "call_p50_ms": 1e3 * latency[len(latency) // 2], "call_p99_ms": 1e3 * latency[int(len(latency) * 0.99)]}
+    return {
+        "turns": done_turns,
+        "wall_s": wall,
+        "turns_per_s": done_turns / wall,
+        "calls_per_turn": len(latency) / max(done_turns, 1),
+        "call_p50_ms": 1e3 * latency[len(latency) // 2],
+        "call_p99_ms": 1e3 * latency[int(len(latency) * 0.99)],
+    }
 
 
 async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path, overrides: list[str] = ()) -> list[dict]:
@@ -192,10 +229,18 @@ async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path, ov
             finally:
                 await client.close()
                 await cluster.close()
-            row = {"inflight": n, "round": r + 1, "bare_turns_per_s": bare["turns_per_s"], "runtime_turns_per_s": rt["turns_per_s"],
-                   "ratio": rt["turns_per_s"] / bare["turns_per_s"], "bare_call_p50_ms": bare["call_p50_ms"],
-                   "bare_calls_per_turn": bare["calls_per_turn"], "runtime_calls_per_turn": rt["calls_per_turn"],
-                   "bare_call_p99_ms": bare["call_p99_ms"], "runtime": rt}
+            row = {
+                "inflight": n,
+                "round": r + 1,
+                "bare_turns_per_s": bare["turns_per_s"],
+                "runtime_turns_per_s": rt["turns_per_s"],
+                "ratio": rt["turns_per_s"] / bare["turns_per_s"],
+                "bare_call_p50_ms": bare["call_p50_ms"],
+                "bare_calls_per_turn": bare["calls_per_turn"],
+                "runtime_calls_per_turn": rt["calls_per_turn"],
+                "bare_call_p99_ms": bare["call_p99_ms"],
+                "runtime": rt,
+            }
             console.print({k: v for k, v in row.items() if k != "runtime"})
             rows.append(row)
     return rows
@@ -213,7 +258,9 @@ def _cpu_ms_per_turn(r: dict) -> str:
 @click.option("--compare", "compare_", is_flag=True, help="alternate the bare coalescing loop and the runtime, three rounds per size")
 @click.option("--rounds", default=3, show_default=True, help="with --compare: rounds per size")
 @click.option("--service-bound", is_flag=True, help="128 in flight with 50 ms generate and 10 ms env.step: the latency each call adds")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="flow override for the runtime's runs (e.g. rollout.coalesce_inflight=1)")
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="flow override for the runtime's runs (e.g. rollout.coalesce_inflight=1)"
+)
 def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
     from rich.table import Table
 
@@ -221,30 +268,60 @@ def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
     out.mkdir(parents=True, exist_ok=True)
     if service_bound:
         r = asyncio.run(measure(128, steps, out, [*service_bound_overrides(), *overrides]))
-        added = {"generate": (r["generate_p50_ms"] - SERVICE_BOUND["generate_ms"], r["generate_p99_ms"] - SERVICE_BOUND["generate_ms"]),
-                 "env.step": (r["env_step_p50_ms"] - SERVICE_BOUND["env_step_ms"], r["env_step_p99_ms"] - SERVICE_BOUND["env_step_ms"])}
+        added = {
+            "generate": (r["generate_p50_ms"] - SERVICE_BOUND["generate_ms"], r["generate_p99_ms"] - SERVICE_BOUND["generate_ms"]),
+            "env.step": (r["env_step_p50_ms"] - SERVICE_BOUND["env_step_ms"], r["env_step_p99_ms"] - SERVICE_BOUND["env_step_ms"]),
+        }
         table = Table(title="service-bound: 128 in flight, 50 ms generate (null engine), 10 ms env.step (injected); 2 cores")
         for col in ("call", "service ms", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms"):
             table.add_column(col)
-        for call, svc, key in (("generate", SERVICE_BOUND["generate_ms"], "generate"), ("env.step", SERVICE_BOUND["env_step_ms"], "env_step")):
-            table.add_row(call, f"{svc:.0f}", f"{r[key + '_p50_ms']:.1f}", f"{r[key + '_p99_ms']:.1f}", f"{added[call][0]:.1f}", f"{added[call][1]:.1f}")
+        for call, svc, key in (
+            ("generate", SERVICE_BOUND["generate_ms"], "generate"),
+            ("env.step", SERVICE_BOUND["env_step_ms"], "env_step"),
+        ):
+            table.add_row(
+                call,
+                f"{svc:.0f}",
+                f"{r[key + '_p50_ms']:.1f}",
+                f"{r[key + '_p99_ms']:.1f}",
+                f"{added[call][0]:.1f}",
+                f"{added[call][1]:.1f}",
+            )
         console.print(table)
         (out / "service_bound.json").write_text(json.dumps({**r, "added_ms": added, "service": SERVICE_BOUND}, indent=2))
         return
     if compare_:
         rows = asyncio.run(compare(tuple(inflight), steps, rounds, out, list(overrides)))
         table = Table(title="runtime vs bare coalescing loop (null services, 4 turns per trajectory; same cluster spec, 2 cores)")
-        for col in ("in flight", "round", "bare turns/s", "runtime turns/s", "runtime / bare", "calls per turn: bare / runtime", "bare call p50 / p99 ms",
-                    "runtime generate / env.step p50 / p99 ms", "runtime CPU ms per turn: client / scheduler / workers", "batches per turn",
-                    "scheduler messages sent per turn"):
+        for col in (
+            "in flight",
+            "round",
+            "bare turns/s",
+            "runtime turns/s",
+            "runtime / bare",
+            "calls per turn: bare / runtime",
+            "bare call p50 / p99 ms",
+            "runtime generate / env.step p50 / p99 ms",
+            "runtime CPU ms per turn: client / scheduler / workers",
+            "batches per turn",
+            "scheduler messages sent per turn",
+        ):
             table.add_column(col)
         for r in rows:
             rt = r["runtime"]
-            table.add_row(str(r["inflight"]), str(r["round"]), f"{r['bare_turns_per_s']:.0f}", f"{r['runtime_turns_per_s']:.0f}",
-                          f"{r['ratio']:.2f}", f"{r['bare_calls_per_turn']:.2f} / {r['runtime_calls_per_turn']:.2f}",
-                          f"{r['bare_call_p50_ms']:.1f} / {r['bare_call_p99_ms']:.1f}",
-                          f"{rt['generate_p50_ms']:.1f} / {rt['env_step_p50_ms']:.1f} / {rt['generate_p99_ms']:.0f} / {rt['env_step_p99_ms']:.0f}",
-                          _cpu_ms_per_turn(rt), f"{rt['batches_per_turn']:.3f}", f"{rt['scheduler_msgs_per_turn']:.3f}")
+            table.add_row(
+                str(r["inflight"]),
+                str(r["round"]),
+                f"{r['bare_turns_per_s']:.0f}",
+                f"{r['runtime_turns_per_s']:.0f}",
+                f"{r['ratio']:.2f}",
+                f"{r['bare_calls_per_turn']:.2f} / {r['runtime_calls_per_turn']:.2f}",
+                f"{r['bare_call_p50_ms']:.1f} / {r['bare_call_p99_ms']:.1f}",
+                f"{rt['generate_p50_ms']:.1f} / {rt['env_step_p50_ms']:.1f} / {rt['generate_p99_ms']:.0f} / {rt['env_step_p99_ms']:.0f}",
+                _cpu_ms_per_turn(rt),
+                f"{rt['batches_per_turn']:.3f}",
+                f"{rt['scheduler_msgs_per_turn']:.3f}",
+            )
         console.print(table)
         (out / "compare.json").write_text(json.dumps(rows, indent=2))
         return
@@ -254,12 +331,28 @@ def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
         results.append(asyncio.run(measure(n, steps, out, list(overrides))))
         console.print(results[-1])
     table = Table(title="control-plane overhead (null engine, null env; 2 cores)")
-    for col in ("in flight", "turns/s", "generate p50 (ms)", "env.step p50 (ms)", "CPU ms per turn: client / scheduler / workers",
-                "batches per turn", "scheduler messages sent per turn", "wall s"):
+    for col in (
+        "in flight",
+        "turns/s",
+        "generate p50 (ms)",
+        "env.step p50 (ms)",
+        "CPU ms per turn: client / scheduler / workers",
+        "batches per turn",
+        "scheduler messages sent per turn",
+        "wall s",
+    ):
         table.add_column(col)
     for r in results:
-        table.add_row(str(r["inflight"]), f"{r['turns_per_s']:.0f}", f"{r['generate_p50_ms']:.1f}", f"{r['env_step_p50_ms']:.1f}",
-                      _cpu_ms_per_turn(r), f"{r['batches_per_turn']:.3f}", f"{r['scheduler_msgs_per_turn']:.3f}", f"{r['wall_s']:.1f}")
+        table.add_row(
+            str(r["inflight"]),
+            f"{r['turns_per_s']:.0f}",
+            f"{r['generate_p50_ms']:.1f}",
+            f"{r['env_step_p50_ms']:.1f}",
+            _cpu_ms_per_turn(r),
+            f"{r['batches_per_turn']:.3f}",
+            f"{r['scheduler_msgs_per_turn']:.3f}",
+            f"{r['wall_s']:.1f}",
+        )
     console.print(table)
     (out / "results.json").write_text(json.dumps(results, indent=2))
 

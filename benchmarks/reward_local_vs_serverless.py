@@ -12,6 +12,7 @@ call latency, and the utilisation of reward capacity (docs/concepts/rewards.md):
     python benchmarks/reward_local_vs_serverless.py                 # multitask flow, 40 steps each
     python benchmarks/reward_local_vs_serverless.py --steps 5 --set eval.seeds=4    # a quick look
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,16 @@ def summarise(rows: list[dict]) -> dict:
     lat = [r["stage_latency"]["reward"] for r in steps if "reward" in r.get("stage_latency", {})]
     rew = [r["reward"] for r in steps]
     total = lambda key: sum(x.get(key, 0) or 0 for x in rew)  # noqa: E731
-    return {"steps": len(steps), "s_per_step": statistics.median(gaps), "utilisation": statistics.mean(util) if util else None,
-            "reward_call_p50_ms": statistics.median(x["p50_ms"] for x in lat) if lat else None,
-            "reward_call_p99_ms": max(x["p99_ms"] for x in lat) if lat else None,
-            "calls": total("calls"), "cold_starts": total("cold_starts"), "throttles": total("throttles")}
+    return {
+        "steps": len(steps),
+        "s_per_step": statistics.median(gaps),
+        "utilisation": statistics.mean(util) if util else None,
+        "reward_call_p50_ms": statistics.median(x["p50_ms"] for x in lat) if lat else None,
+        "reward_call_p99_ms": max(x["p99_ms"] for x in lat) if lat else None,
+        "calls": total("calls"),
+        "cold_starts": total("cold_starts"),
+        "throttles": total("throttles"),
+    }
 
 
 @click.command()
@@ -54,8 +61,18 @@ def summarise(rows: list[dict]) -> dict:
 def main(flow, steps, out, overrides):
     results = {}
     for mode in ("local", "serverless"):
-        cfg = load_flow(flow, [f"reward.mode={mode}", f"trainer.steps={steps}", "trainer.max_minutes=60", "eval.every=0",
-                               "warmstart.steps=0", "observe.progress=false", *overrides])
+        cfg = load_flow(
+            flow,
+            [
+                f"reward.mode={mode}",
+                f"trainer.steps={steps}",
+                "trainer.max_minutes=60",
+                "eval.every=0",
+                "warmstart.steps=0",
+                "observe.progress=false",
+                *overrides,
+            ],
+        )
         out_dir = Path(out) / mode
         console.print(f"[bold]reward.mode={mode}[/bold]: {steps} steps of {flow}")
         run_sync(cfg, out_dir)
@@ -63,18 +80,37 @@ def main(flow, steps, out, overrides):
     from rich.table import Table
 
     table = Table(title=f"reward capacity, local vs serverless ({flow}, {steps} steps each) beside RollArt Fig. 14")
-    for col in ("reward.mode", "utilisation (ours)", "paper", "s/step (ours)", "paper rollout s/step", "reward call p50 / p99",
-                "calls", "cold starts", "throttles"):
+    for col in (
+        "reward.mode",
+        "utilisation (ours)",
+        "paper",
+        "s/step (ours)",
+        "paper rollout s/step",
+        "reward call p50 / p99",
+        "calls",
+        "cold starts",
+        "throttles",
+    ):
         table.add_column(col)
     for mode, r in results.items():
-        table.add_row(mode, fmt(r.get("utilisation"), "{:.1%}"), f"{PAPER[mode]['utilisation']:.0%}", fmt(r.get("s_per_step"), "{:.2f}"),
-                      f"{PAPER[mode]['rollout_s']:.0f}", f"{fmt(r.get('reward_call_p50_ms'), '{:.0f}')} / {fmt(r.get('reward_call_p99_ms'), '{:.0f}')} ms",
-                      str(r.get("calls")), str(r.get("cold_starts")), str(r.get("throttles")))
+        table.add_row(
+            mode,
+            fmt(r.get("utilisation"), "{:.1%}"),
+            f"{PAPER[mode]['utilisation']:.0%}",
+            fmt(r.get("s_per_step"), "{:.2f}"),
+            f"{PAPER[mode]['rollout_s']:.0f}",
+            f"{fmt(r.get('reward_call_p50_ms'), '{:.0f}')} / {fmt(r.get('reward_call_p99_ms'), '{:.0f}')} ms",
+            str(r.get("calls")),
+            str(r.get("cold_starts")),
+            str(r.get("throttles")),
+        )
     console.print(table)
     loc, srv = results["local"], results["serverless"]
     if loc.get("s_per_step") and srv.get("s_per_step"):
-        console.print(f"serverless / local: step time ×{srv['s_per_step'] / loc['s_per_step']:.2f} (paper ×{77 / 158:.2f}), utilisation "
-                      f"{fmt(loc.get('utilisation'), '{:.1%}')} → {fmt(srv.get('utilisation'), '{:.1%}')} (paper 6% → 88%)")
+        console.print(
+            f"serverless / local: step time ×{srv['s_per_step'] / loc['s_per_step']:.2f} (paper ×{77 / 158:.2f}), utilisation "
+            f"{fmt(loc.get('utilisation'), '{:.1%}')} → {fmt(srv.get('utilisation'), '{:.1%}')} (paper 6% → 88%)"
+        )
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "results.json").write_text(json.dumps(results, indent=2))
 

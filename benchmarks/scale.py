@@ -21,6 +21,7 @@ calls for seconds.
     python benchmarks/scale.py --shape paper --time-scale 0.5 --steps 6
     python benchmarks/scale.py --sweep --steps 4 --warmup 1 --time-scale 0.5 --time-scale 0.5 --time-scale 0.5 --time-scale 1.0
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,10 +54,22 @@ def shape_flow(shape: str, steps: int, time_scale: float, extra: list[str], batc
     s = SHAPES[shape]
     groups = batch_groups or s["batch_groups"]
     data = yaml.safe_load(WORKLOAD.read_text())
-    cfg = load_flow(data=data, overrides=[
-        "rollout.mode=rollart", "rollout.alpha=1", "rollout.admission=eager", f"rollout.batch_groups={groups}",
-        f"emulation.pools.H800.gpus={s['H800']}", f"emulation.pools.H20.gpus={s['H20']}", f"emulation.trainer.gpus={s['train']}",
-        f"emulation.time_scale={time_scale}", f"trainer.steps={steps}", "observe.watchdog_s=900", *extra])
+    cfg = load_flow(
+        data=data,
+        overrides=[
+            "rollout.mode=rollart",
+            "rollout.alpha=1",
+            "rollout.admission=eager",
+            f"rollout.batch_groups={groups}",
+            f"emulation.pools.H800.gpus={s['H800']}",
+            f"emulation.pools.H20.gpus={s['H20']}",
+            f"emulation.trainer.gpus={s['train']}",
+            f"emulation.time_scale={time_scale}",
+            f"trainer.steps={steps}",
+            "observe.watchdog_s=900",
+            *extra,
+        ],
+    )
     in_flight = 2 * cfg.rollout.batch_groups * cfg.rollout.group_size  # eager α = 1: two batches beyond those trained
     cpu = [w for w in cfg.cluster.workers if w.pools == ["CPU"]][0]
     extra_cpu = [cpu.model_copy(update={"name": f"cpu-{i}"}) for i in range(1, -(-in_flight // ENV_THREADS))]
@@ -69,43 +82,81 @@ async def measure(cfg, out: Path) -> dict:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     emulated_s = t["wall_s"] / cfg.emulation.time_scale
     (client0, _, sched0), (client1, _, sched1) = t["cpu_before"], t["cpu_after"]
-    return {"rows": rows, "wall_s": t["wall_s"], "client_cpu_per_emulated_s": (client1 - client0) / emulated_s,
-            "scheduler_cpu_per_emulated_s": (sched1 - sched0) / emulated_s,
-            "client_cpu_share": (client1 - client0) / t["wall_s"], "scheduler_cpu_share": (sched1 - sched0) / t["wall_s"]}
+    return {
+        "rows": rows,
+        "wall_s": t["wall_s"],
+        "client_cpu_per_emulated_s": (client1 - client0) / emulated_s,
+        "scheduler_cpu_per_emulated_s": (sched1 - sched0) / emulated_s,
+        "client_cpu_share": (client1 - client0) / t["wall_s"],
+        "scheduler_cpu_share": (sched1 - sched0) / t["wall_s"],
+    }
 
 
 def point(shape: str, steps: int, warmup: int, time_scale: float, out: Path, overrides: list[str], batch_groups: int | None = None) -> dict:
     cfg = shape_flow(shape, steps, time_scale, overrides, batch_groups)
     s = SHAPES[shape]
     cpus = sum(1 for w in cfg.cluster.workers if w.pools == ["CPU"])
-    console.print(f"[bold]{shape}[/bold]: {s['H800']} H800 + {s['H20']} H20 generating, {s['train']} H800 training, "
-                  f"{cfg.rollout.batch_groups * 8} trajectories per batch, {cpus} CPU workers, time scale {time_scale} "
-                  f"[yellow](EMULATED hardware)[/yellow]")
+    console.print(
+        f"[bold]{shape}[/bold]: {s['H800']} H800 + {s['H20']} H20 generating, {s['train']} H800 training, "
+        f"{cfg.rollout.batch_groups * 8} trajectories per batch, {cpus} CPU workers, time scale {time_scale} "
+        f"[yellow](EMULATED hardware)[/yellow]"
+    )
     r = asyncio.run(measure(cfg, out))
     m = summarise(r["rows"], time_scale, warmup)
     sim, ideal = simulated_of(cfg, warmup, seeds=2), ideal_of(cfg)
     waited, inside = m["call_overhead_ms"], m["call_service_ms"]
-    return {"shape": shape, **s, "batch_groups": cfg.rollout.batch_groups, "per_batch": cfg.rollout.batch_groups * cfg.rollout.group_size,
-            "in_flight_max": 2 * cfg.rollout.batch_groups * cfg.rollout.group_size, "cpu_workers": cpus, "time_scale": time_scale,
-            "measured": m, "simulated": sim, "ideal": ideal, "overhead_share": {k: waited[k] / inside[k] for k in waited if inside.get(k)},
-            **{k: r[k] for k in ("wall_s", "client_cpu_per_emulated_s", "scheduler_cpu_per_emulated_s", "client_cpu_share", "scheduler_cpu_share")}}
+    return {
+        "shape": shape,
+        **s,
+        "batch_groups": cfg.rollout.batch_groups,
+        "per_batch": cfg.rollout.batch_groups * cfg.rollout.group_size,
+        "in_flight_max": 2 * cfg.rollout.batch_groups * cfg.rollout.group_size,
+        "cpu_workers": cpus,
+        "time_scale": time_scale,
+        "measured": m,
+        "simulated": sim,
+        "ideal": ideal,
+        "overhead_share": {k: waited[k] / inside[k] for k in waited if inside.get(k)},
+        **{
+            k: r[k]
+            for k in ("wall_s", "client_cpu_per_emulated_s", "scheduler_cpu_per_emulated_s", "client_cpu_share", "scheduler_cpu_share")
+        },
+    }
 
 
 def table(title: str, results: list[dict]):
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("shape", "GPUs", "in flight ≤", "time scale", "step s: ours / sim / ideal", "ours / sim", "traj/s: ours / sim",
-                "swe trained: ours / sim", "call wait beyond service, ms (share of service)", "CPU share of wall: client / scheduler", "wall s"):
+    for col in (
+        "shape",
+        "GPUs",
+        "in flight ≤",
+        "time scale",
+        "step s: ours / sim / ideal",
+        "ours / sim",
+        "traj/s: ours / sim",
+        "swe trained: ours / sim",
+        "call wait beyond service, ms (share of service)",
+        "CPU share of wall: client / scheduler",
+        "wall s",
+    ):
         t.add_column(col, overflow="fold")
     for x in results:
         m, sim, i = x["measured"], x["simulated"], x["ideal"]
-        t.add_row(x["shape"], f"{x['H800'] + x['H20'] + x['train']}", f"{x['in_flight_max']}", f"{x['time_scale']}",
-                  f"{m['step_s']:.1f} / {sim['step_s']:.1f} / {i['step_s']:.1f}", f"{sim['step_s'] / m['step_s']:.2f}",
-                  f"{m['throughput']:.2f} / {sim['throughput']:.2f}",
-                  f"{m['trained_mix'].get('swe', 0):.2f} / {sim['trained_mix'].get('swe', 0):.2f}",
-                  ", ".join(f"{k} {m['call_overhead_ms'][k]:.0f} ({x['overhead_share'].get(k, 0):.1%})" for k in m["call_overhead_ms"]),
-                  f"{x['client_cpu_share']:.2f} / {x['scheduler_cpu_share']:.2f}", f"{x['wall_s']:.0f}")
+        t.add_row(
+            x["shape"],
+            f"{x['H800'] + x['H20'] + x['train']}",
+            f"{x['in_flight_max']}",
+            f"{x['time_scale']}",
+            f"{m['step_s']:.1f} / {sim['step_s']:.1f} / {i['step_s']:.1f}",
+            f"{sim['step_s'] / m['step_s']:.2f}",
+            f"{m['throughput']:.2f} / {sim['throughput']:.2f}",
+            f"{m['trained_mix'].get('swe', 0):.2f} / {sim['trained_mix'].get('swe', 0):.2f}",
+            ", ".join(f"{k} {m['call_overhead_ms'][k]:.0f} ({x['overhead_share'].get(k, 0):.1%})" for k in m["call_overhead_ms"]),
+            f"{x['client_cpu_share']:.2f} / {x['scheduler_cpu_share']:.2f}",
+            f"{x['wall_s']:.0f}",
+        )
     console.print(t)
 
 
@@ -139,17 +190,27 @@ def plot(results: list[dict], path: Path) -> None:
 @click.option("--sweep", is_flag=True, help="production cluster, 64 → 4,096 trajectories in flight: a table and sweep.png")
 @click.option("--steps", default=6, show_default=True)
 @click.option("--warmup", default=2, show_default=True)
-@click.option("--time-scale", "time_scales", multiple=True, type=float, default=(0.5,), show_default=True,
-              help="wall seconds per emulated second; with --sweep one per point in order (the last repeats): the larger the "
-                   "load, the larger it must be to keep a call's wait under 5% of its service")
+@click.option(
+    "--time-scale",
+    "time_scales",
+    multiple=True,
+    type=float,
+    default=(0.5,),
+    show_default=True,
+    help="wall seconds per emulated second; with --sweep one per point in order (the last repeats): the larger the "
+    "load, the larger it must be to keep a call's wait under 5% of its service",
+)
 @click.option("--out", default="runs/bench-scale", show_default=True)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
 def main(shapes, sweep, steps, warmup, time_scales, out, overrides):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if sweep:
-        scales = [*time_scales, *[time_scales[-1]] * len(SWEEP_GROUPS)][:len(SWEEP_GROUPS)]
-        results = [point("production", steps, warmup, ts, out / f"sweep-{g}", list(overrides), batch_groups=g) for g, ts in zip(SWEEP_GROUPS, scales)]
+        scales = [*time_scales, *[time_scales[-1]] * len(SWEEP_GROUPS)][: len(SWEEP_GROUPS)]
+        results = [
+            point("production", steps, warmup, ts, out / f"sweep-{g}", list(overrides), batch_groups=g)
+            for g, ts in zip(SWEEP_GROUPS, scales)
+        ]
         table("in flight 64 → 4,096 on the production cluster (EMULATED hardware, eager α=1; 2 cores)", results)
         plot(results, out / "sweep.png")
         (out / "sweep.json").write_text(json.dumps(results, indent=2, default=str))

@@ -10,6 +10,7 @@ trainer, IS weights truncated or dropped). Writes results.json and heldout.png (
     python benchmarks/staleness_grid.py                                   # full: 12 min per cell, 7 cells (~90 min)
     python benchmarks/staleness_grid.py --alpha 4 --correction tis --minutes 2   # one cell, a quick look
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ from rollart_dask.observe import console
 def first_reaching(rows: list[dict], target: float) -> tuple[float | None, int | None]:
     """(elapsed seconds, version) of the first held-out evaluation whose mean success over tasks reaches ``target``."""
     for r in rows:
-        if r["kind"] == "eval" and r["eval"] and all(map(is_complete, r["eval"].values())) \
-                and statistics.mean(t["success"] for t in r["eval"].values()) >= target:
+        if (
+            r["kind"] == "eval"
+            and r["eval"]
+            and all(map(is_complete, r["eval"].values()))
+            and statistics.mean(t["success"] for t in r["eval"].values()) >= target
+        ):
             return r["elapsed_s"], r["version"]
     return None, None
 
@@ -44,11 +49,23 @@ def cell_result(rows: list[dict], res: dict) -> dict:
         xs = [r[key] for r in steps if r.get(key) is not None]
         return statistics.mean(xs) if xs else None
 
-    return {"time_to_0.8_s": t8, "version_at_0.8": v8, "time_to_0.9_s": t9, "version_at_0.9": v9,
-            "best": max(h for _, h in held), "last": held[-1][1], "steps": res["steps"], "tokens": res["rollout_tokens"],
-            "token_lag_mean": mean_of("token_lag_mean"), "is_truncated": mean_of("is_truncated"), "is_dropped": mean_of("is_dropped"),
-            "is_weight_p99": mean_of("is_weight_p99"), "aborted_stale": res["counts"].get("aborted_stale", 0),
-            "evicted_stale": res["counts"].get("evicted_stale", 0), "heldout": held}
+    return {
+        "time_to_0.8_s": t8,
+        "version_at_0.8": v8,
+        "time_to_0.9_s": t9,
+        "version_at_0.9": v9,
+        "best": max(h for _, h in held),
+        "last": held[-1][1],
+        "steps": res["steps"],
+        "tokens": res["rollout_tokens"],
+        "token_lag_mean": mean_of("token_lag_mean"),
+        "is_truncated": mean_of("is_truncated"),
+        "is_dropped": mean_of("is_dropped"),
+        "is_weight_p99": mean_of("is_weight_p99"),
+        "aborted_stale": res["counts"].get("aborted_stale", 0),
+        "evicted_stale": res["counts"].get("evicted_stale", 0),
+        "heldout": held,
+    }
 
 
 def _s(x: float | None) -> str:
@@ -63,11 +80,20 @@ def _f(x: float | None, fmt: str = ".3f") -> str:
 @click.option("--flow", default="flows/quickstart.yaml", show_default=True)
 @click.option("--minutes", default=12.0, show_default=True, help="training budget per cell")
 @click.option("--alpha", "alphas", multiple=True, type=int, help="staleness bounds (default 1 and 4)")
-@click.option("--correction", "corrections", multiple=True, type=click.Choice(["none", "tis", "decoupled"]),
-              help="off-policy corrections (default all three)")
-@click.option("--restart-cell/--no-restart-cell", default=True, show_default=True,
-              help="also run the largest α with tis (else the first correction) and rollout.partial=restart: wasted tokens of "
-                   "restart beside continue")
+@click.option(
+    "--correction",
+    "corrections",
+    multiple=True,
+    type=click.Choice(["none", "tis", "decoupled"]),
+    help="off-policy corrections (default all three)",
+)
+@click.option(
+    "--restart-cell/--no-restart-cell",
+    default=True,
+    show_default=True,
+    help="also run the largest α with tis (else the first correction) and rollout.partial=restart: wasted tokens of "
+    "restart beside continue",
+)
 @click.option("--out", default="runs/bench-staleness-grid", show_default=True)
 @click.option("--set", "overrides", multiple=True)
 def main(flow, minutes, alphas, corrections, restart_cell, out, overrides):
@@ -80,9 +106,20 @@ def main(flow, minutes, alphas, corrections, restart_cell, out, overrides):
     results = {}
     for alpha, correction, partial in cells:
         name = f"α={alpha} {correction} {partial}"
-        cfg = load_flow(flow, ["rollout.mode=rollart", "rollout.admission=eager", f"rollout.alpha={alpha}", f"trainer.correction={correction}",
-                               f"rollout.partial={partial}", f"trainer.max_minutes={minutes}", "trainer.steps=100000", "observe.progress=false",
-                               *overrides])
+        cfg = load_flow(
+            flow,
+            [
+                "rollout.mode=rollart",
+                "rollout.admission=eager",
+                f"rollout.alpha={alpha}",
+                f"trainer.correction={correction}",
+                f"rollout.partial={partial}",
+                f"trainer.max_minutes={minutes}",
+                "trainer.steps=100000",
+                "observe.progress=false",
+                *overrides,
+            ],
+        )
         out_dir = Path(out) / name.replace("=", "").replace(" ", "_")
         console.print(f"[bold]{name}[/bold]")
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a run appends to its directory's log: read this run's rows only
@@ -92,15 +129,35 @@ def main(flow, minutes, alphas, corrections, restart_cell, out, overrides):
     from rich.table import Table
 
     table = Table(title=f"eager admission, α × trainer.correction ({flow}, {minutes} min per cell)")
-    for col in ("cell", "to 0.8", "to 0.9", "best / last held-out", "steps", "tokens generated / trained", "discarded / continued",
-                "wasted", "token lag", "IS truncated / dropped", "stale aborted / evicted"):
+    for col in (
+        "cell",
+        "to 0.8",
+        "to 0.9",
+        "best / last held-out",
+        "steps",
+        "tokens generated / trained",
+        "discarded / continued",
+        "wasted",
+        "token lag",
+        "IS truncated / dropped",
+        "stale aborted / evicted",
+    ):
         table.add_column(col)
     for name, r in results.items():
         t = r["tokens"]
-        table.add_row(name, _s(r["time_to_0.8_s"]), _s(r["time_to_0.9_s"]), f"{r['best']:.3f} / {r['last']:.3f}", str(r["steps"]),
-                      f"{t['generated']} / {t['trained']}", f"{t['discarded']} / {t['continued']}", _f(t["wasted_share"], ".1%"),
-                      _f(r["token_lag_mean"], ".2f"), f"{_f(r['is_truncated'], '.2%')} / {_f(r['is_dropped'], '.2%')}",
-                      f"{r['aborted_stale']} / {r['evicted_stale']}")
+        table.add_row(
+            name,
+            _s(r["time_to_0.8_s"]),
+            _s(r["time_to_0.9_s"]),
+            f"{r['best']:.3f} / {r['last']:.3f}",
+            str(r["steps"]),
+            f"{t['generated']} / {t['trained']}",
+            f"{t['discarded']} / {t['continued']}",
+            _f(t["wasted_share"], ".1%"),
+            _f(r["token_lag_mean"], ".2f"),
+            f"{_f(r['is_truncated'], '.2%')} / {_f(r['is_dropped'], '.2%')}",
+            f"{r['aborted_stale']} / {r['evicted_stale']}",
+        )
     console.print(table)
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "results.json").write_text(json.dumps(results, indent=2))
@@ -113,8 +170,14 @@ def _plot(results: dict, path: Path) -> None:
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
     for name, r in results.items():
-        ax.plot([t / 60 for t, _ in r["heldout"]], [h for _, h in r["heldout"]], marker="o", ms=3, label=name,
-                linestyle="--" if r["partial"] == "restart" else "-")
+        ax.plot(
+            [t / 60 for t, _ in r["heldout"]],
+            [h for _, h in r["heldout"]],
+            marker="o",
+            ms=3,
+            label=name,
+            linestyle="--" if r["partial"] == "restart" else "-",
+        )
     ax.axhline(0.8, color="grey", lw=0.8)
     ax.axhline(0.9, color="grey", lw=0.8, linestyle=":")
     ax.set_xlabel("wall time (min)")

@@ -7,6 +7,7 @@ time and steps to reach the target, and the best held-out success of each run.
     python benchmarks/sync_vs_rollart.py                       # full: 12 min budget per mode
     python benchmarks/sync_vs_rollart.py --minutes 1 --target 0.05 --set eval.seeds=20   # a quick look
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ from rollart_dask.algo.heldout import is_complete
 from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 
-MODES = {"sync": ["rollout.mode=sync", "rollout.alpha=0", "rollout.level=batch"],
-         "rollart α=1": ["rollout.mode=rollart", "rollout.alpha=1", "rollout.level=trajectory"]}
+MODES = {
+    "sync": ["rollout.mode=sync", "rollout.alpha=0", "rollout.level=batch"],
+    "rollart α=1": ["rollout.mode=rollart", "rollout.alpha=1", "rollout.level=trajectory"],
+}
 
 
 def time_to_target(rows: list[dict], task: str, target: float):
@@ -44,13 +47,20 @@ def main(flow, minutes, target, out, overrides):
         console.print(f"[bold]{name}[/bold]: {cfg.rollout.mode} level={cfg.rollout.level} α={cfg.rollout.alpha}")
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a run appends to its directory's log: read this run's rows only
         res = run_sync(cfg, out_dir)
-        (out_dir / "summary.json").write_text(json.dumps(res, indent=2, default=str))  # as `rollart run` leaves it: `rollart report` reads it
+        (out_dir / "summary.json").write_text(
+            json.dumps(res, indent=2, default=str)
+        )  # as `rollart run` leaves it: `rollart report` reads it
         rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").open()]
         task = cfg.tasks[0].name
         t, v = time_to_target(rows, task, target)
         steps = [r for r in rows if r["kind"] == "step"]
-        results[name] = {"time_to_target_s": t, "version_at_target": v, "best": max((r["eval"][task]["success"] for r in rows if r["kind"] == "eval" and is_complete(r["eval"][task])), default=None),
-                         "steps": res["steps"], "s_per_step": (steps[-1]["elapsed_s"] / len(steps)) if steps else None}
+        results[name] = {
+            "time_to_target_s": t,
+            "version_at_target": v,
+            "best": max((r["eval"][task]["success"] for r in rows if r["kind"] == "eval" and is_complete(r["eval"][task])), default=None),
+            "steps": res["steps"],
+            "s_per_step": (steps[-1]["elapsed_s"] / len(steps)) if steps else None,
+        }
     from rich.table import Table
 
     table = Table(title=f"time to held-out success ≥ {target} ({flow}, {minutes} min budget each)")
@@ -58,7 +68,14 @@ def main(flow, minutes, target, out, overrides):
         table.add_column(col)
     for name, r in results.items():
         t = f"{r['time_to_target_s']:.0f} s" if r["time_to_target_s"] is not None else "not reached"
-        table.add_row(name, t, str(r["version_at_target"] or "-"), f"{r['best']:.3f}", str(r["steps"]), f"{r['s_per_step']:.2f}" if r["s_per_step"] else "-")
+        table.add_row(
+            name,
+            t,
+            str(r["version_at_target"] or "-"),
+            f"{r['best']:.3f}",
+            str(r["steps"]),
+            f"{r['s_per_step']:.2f}" if r["s_per_step"] else "-",
+        )
     console.print(table)
     a, b = results["sync"]["time_to_target_s"], results["rollart α=1"]["time_to_target_s"]
     if a and b:

@@ -11,6 +11,7 @@ deploy POST without its token, as a web page the user visits could send it.
     python benchmarks/user_faults.py                 # ~6 min on 2 cores
     python benchmarks/user_faults.py --only nan      # rows whose name holds 'nan'
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,16 @@ from rollart_dask.observe import console
 
 REPO = Path(__file__).resolve().parent.parent
 MOD = str(REPO / "tests" / "user_code" / "faults_mod.py")
-BASE = ["trainer.steps=4", "rollout.batch_groups=4", "eval.every=0", "eval.seeds=8", "observe.progress=false", "trainer.max_minutes=null",
-        "trainer.checkpoint_every=1", f"imports=[{MOD}]"]
+BASE = [
+    "trainer.steps=4",
+    "rollout.batch_groups=4",
+    "eval.every=0",
+    "eval.seeds=8",
+    "observe.progress=false",
+    "trainer.max_minutes=null",
+    "trainer.checkpoint_every=1",
+    f"imports=[{MOD}]",
+]
 ROWS = {  # name → (what is wrong, --set overrides)
     "reward-nan-some": ("reward: NaN on some trajectories", ["tasks.frozenlake.reward=faults_mod:nan_on_even_turns"]),
     "reward-inf": ("reward: +inf", ["tasks.frozenlake.reward=faults_mod:inf_later"]),
@@ -43,7 +52,10 @@ ROWS = {  # name → (what is wrong, --set overrides)
     "reward-raises-10pct": ("reward: raising on 10% of calls", ["tasks.frozenlake.reward=faults_mod:raises_on_a_tenth"]),
     "env-reset-raises": ("env: raising at reset", ["tasks.frozenlake.env=faults_mod:ResetRaises"]),
     "env-step-raises": ("env: raising at step", ["tasks.frozenlake.env=faults_mod:StepRaisesLater"]),
-    "env-step-hangs": ("env: hanging in step past its timeout", ["tasks.frozenlake.env=faults_mod:StepHangsLater", "rollout.env_timeout_s=2"]),
+    "env-step-hangs": (
+        "env: hanging in step past its timeout",
+        ["tasks.frozenlake.env=faults_mod:StepHangsLater", "rollout.env_timeout_s=2"],
+    ),
     "env-obs-not-text": ("env: a non-string observation", ["tasks.frozenlake.env=faults_mod:DictObservationLater"]),
     "env-unknown": ("an unknown env name", ["tasks.frozenlake.env=nosuchenv"]),
     "eval-start-seed-0": ("eval.start_seed: 0", ["eval.start_seed=0"]),
@@ -70,16 +82,25 @@ def play(name: str, overrides: list[str], out: Path, hang_s: float) -> dict:
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     counts = summary.get("counts", {})
     failures = sum(v for k, v in counts.items() if k.startswith("user_faults_"))
-    return {"name": name, "rc": rc, "hung": hung, "seconds": seconds, "said": said, "steps": len(steps), "failures": failures,
-            "nonfinite_trained": nonfinite_trained, "nonfinite_published": _nonfinite_checkpoints(out / "checkpoints"),
-            "skipped_updates": sum(r.get("nonfinite_skipped", 0) for r in steps)}
+    return {
+        "name": name,
+        "rc": rc,
+        "hung": hung,
+        "seconds": seconds,
+        "said": said,
+        "steps": len(steps),
+        "failures": failures,
+        "nonfinite_trained": nonfinite_trained,
+        "nonfinite_published": _nonfinite_checkpoints(out / "checkpoints"),
+        "skipped_updates": sum(r.get("nonfinite_skipped", 0) for r in steps),
+    }
 
 
 def _error(output: str) -> str | None:
     """What the command's error said, its first two lines joined (a flow error names the key on its second)."""
     lines = output.splitlines()
     at = next((i for i, line in enumerate(lines) if line.startswith("Error:")), None)
-    return None if at is None else " ".join(line.strip() for line in lines[at: at + 2]).removeprefix("Error: ")
+    return None if at is None else " ".join(line.strip() for line in lines[at : at + 2]).removeprefix("Error: ")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -101,26 +122,37 @@ def _nonfinite_checkpoints(root: Path) -> int:
 
 
 ATTACKS = {  # name → (what, the program, what it must get); {sock} / {secret} are planted by attack()
-    "sandbox-socket": ("sandbox: connect to a Unix socket open to every uid (/var/tmp)", """
+    "sandbox-socket": (
+        "sandbox: connect to a Unix socket open to every uid (/var/tmp)",
+        """
         import socket
         try:
             socket.socket(socket.AF_UNIX).connect({sock!r}); print("connected")
         except OSError as e:
-            print("refused:", type(e).__name__)"""),
-    "sandbox-home": ("sandbox: read a file planted in $HOME", """
+            print("refused:", type(e).__name__)""",
+    ),
+    "sandbox-home": (
+        "sandbox: read a file planted in $HOME",
+        """
         try:
             print("read:", open({secret!r}).read())
         except OSError as e:
-            print("refused:", type(e).__name__)"""),
-    "sandbox-fork-bomb": ("sandbox: a fork bomb", """
+            print("refused:", type(e).__name__)""",
+    ),
+    "sandbox-fork-bomb": (
+        "sandbox: a fork bomb",
+        """
         import os
         n = 0
         try:
             while True:
                 os.fork(); n += 1
         except OSError as e:
-            print("refused:", type(e).__name__)"""),
-    "sandbox-memory": ("sandbox: 4 children x 100 MB past a 160 MB total", """
+            print("refused:", type(e).__name__)""",
+    ),
+    "sandbox-memory": (
+        "sandbox: 4 children x 100 MB past a 160 MB total",
+        """
         import os, time
         kids = []
         for _ in range(4):
@@ -128,8 +160,11 @@ ATTACKS = {  # name → (what, the program, what it must get); {sock} / {secret}
             if pid == 0:
                 block = b"a" * (100 << 20); time.sleep(2); os._exit(0)
             kids.append(pid)
-        print("children ended:", [os.waitpid(k, 0)[1] for k in kids])"""),
-    "sandbox-scratch-fill": ("sandbox: fill the scratch dir (8 MB)", """
+        print("children ended:", [os.waitpid(k, 0)[1] for k in kids])""",
+    ),
+    "sandbox-scratch-fill": (
+        "sandbox: fill the scratch dir (8 MB)",
+        """
         import errno
         n = 0
         try:
@@ -138,7 +173,8 @@ ATTACKS = {  # name → (what, the program, what it must get); {sock} / {secret}
                     f.write(b"x" * (1 << 20))
                 n += 1
         except OSError as e:
-            print(f"refused after {{n}} MB:", errno.errorcode[e.errno])"""),
+            print(f"refused after {{n}} MB:", errno.errorcode[e.errno])""",
+    ),
 }
 
 
@@ -156,8 +192,7 @@ def attack(name: str, program: str) -> dict:
     secret.write_text("token")
     sb = make_sandbox("subprocess", Limits(cpu_s=5, wall_s=20.0, memory_mb=400, total_memory_mb=160, nproc=16, scratch_mb=8, fsize_mb=4))
     try:
-        res = sb.run({"main.py": textwrap.dedent(program.format(sock=str(planted / "s.sock"), secret=str(secret)))},
-                     ["python", "main.py"])
+        res = sb.run({"main.py": textwrap.dedent(program.format(sock=str(planted / "s.sock"), secret=str(secret)))}, ["python", "main.py"])
         try:
             server.accept()
             reached = True
@@ -172,8 +207,7 @@ def attack(name: str, program: str) -> dict:
     if res.oom:
         got = f"killed by the total memory cap ({res.caps}); {got}".rstrip("; ")
     contained = not reached and not got.startswith(("connected", "read:")) and (name != "sandbox-memory" or res.oom)
-    return {"name": name, "said": got[:160], "seconds": res.wall_s, "hung": res.timed_out, "contained": contained,
-            "caps": res.caps}
+    return {"name": name, "said": got[:160], "seconds": res.wall_s, "hung": res.timed_out, "contained": contained, "caps": res.caps}
 
 
 def endpoint_without_token() -> dict:
@@ -185,17 +219,26 @@ def endpoint_without_token() -> dict:
 
     t0 = time.monotonic()
     with start_local_endpoint(state_dir=tempfile.mkdtemp(prefix="rollart-lambda-")) as ep:
-        req = urllib.request.Request(ep.url + "/2015-03-31/functions", method="POST", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"FunctionName": "evil", "Runtime": "python3.12", "Handler": "x.h",
-                                                      "Code": {"ZipFile": ""}}).encode())
+        req = urllib.request.Request(
+            ep.url + "/2015-03-31/functions",
+            method="POST",
+            headers={"Content-Type": "application/json"},
+            data=json.dumps({"FunctionName": "evil", "Runtime": "python3.12", "Handler": "x.h", "Code": {"ZipFile": ""}}).encode(),
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 status, body = r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             status, body = e.code, e.read().decode()
         deployed = "evil" in json.dumps(ep.stats().get("functions", {}))
-    return {"name": "endpoint-no-token", "said": f"HTTP {status}: {body[:120]}", "seconds": time.monotonic() - t0,
-            "hung": False, "contained": status == 403 and not deployed, "caps": ""}
+    return {
+        "name": "endpoint-no-token",
+        "said": f"HTTP {status}: {body[:120]}",
+        "seconds": time.monotonic() - t0,
+        "hung": False,
+        "contained": status == 403 and not deployed,
+        "caps": "",
+    }
 
 
 def attacks_table(only: str, out: Path) -> list[dict]:
@@ -208,8 +251,9 @@ def attacks_table(only: str, out: Path) -> list[dict]:
     if not results:
         return []
     columns = ("attack", "what it got", "stopped after", "contained", "hung")
-    cells = [[r["what"], r["said"], f"{r['seconds']:.1f} s", "yes" if r["contained"] else "NO", "yes" if r["hung"] else "no"]
-             for r in results]
+    cells = [
+        [r["what"], r["said"], f"{r['seconds']:.1f} s", "yes" if r["contained"] else "NO", "yes" if r["hung"] else "no"] for r in results
+    ]
     table = Table(*columns, title="sandbox and endpoint (attacked directly)")
     for row in cells:
         table.add_row(*row)
@@ -237,12 +281,27 @@ def main(only: str, out: str, hang_s: float) -> None:
             results.append(r)
     if not results:
         return
-    columns = ("fault", "first line the user saw", "stopped after / failures counted", "non-finite samples trained",
-               "non-finite versions published", "hung")
-    cells = [[r["what"], (r["said"] or "(no error: the run finished)")[:160],
-              f"stopped after {r['seconds']:.0f} s" if r["rc"] else
-              f"ran to the end ({r['steps']} steps, {r['seconds']:.0f} s): {r['failures']} failures counted",
-              str(r["nonfinite_trained"]), str(r["nonfinite_published"]), "yes" if r["hung"] else "no"] for r in results]
+    columns = (
+        "fault",
+        "first line the user saw",
+        "stopped after / failures counted",
+        "non-finite samples trained",
+        "non-finite versions published",
+        "hung",
+    )
+    cells = [
+        [
+            r["what"],
+            (r["said"] or "(no error: the run finished)")[:160],
+            f"stopped after {r['seconds']:.0f} s"
+            if r["rc"]
+            else f"ran to the end ({r['steps']} steps, {r['seconds']:.0f} s): {r['failures']} failures counted",
+            str(r["nonfinite_trained"]),
+            str(r["nonfinite_published"]),
+            "yes" if r["hung"] else "no",
+        ]
+        for r in results
+    ]
     table = Table(*columns, title="user faults (tiny quickstart run; `rollart run` as a user runs it)")
     for row in cells:
         table.add_row(*row)

@@ -16,6 +16,7 @@ mooncake / dask and full / lora.
     python benchmarks/weight_stores.py --models tiny,smollm2 --weights full,lora     # LoRA vs full, ~15 min
     python benchmarks/weight_stores.py --steps 3 --models tiny                       # a quick look
 """
+
 from __future__ import annotations
 
 import json
@@ -29,16 +30,31 @@ from rollart_dask.config import load_flow
 from rollart_dask.observe import console
 
 EVERY_ENGINE = ["tasks.frozenlake.affinity=any", "rollout.batch_groups=4", "weights.bucket_mb=16"]
-MODELS = {"larger": ["model.hidden_size=384", "model.layers=6", "model.heads=6", "model.intermediate_size=1536"],
-          "tiny": [],
-          # 135M parameters decoding on CPU: fewer trajectories per step, fewer turns
-          "smollm2": ["model.kind=smollm2", "rollout.batch_groups=2", "rollout.group_size=4", "tasks.frozenlake.max_turns=4",
-                      "trainer.micro_batch_tokens=2048"]}
+MODELS = {
+    "larger": ["model.hidden_size=384", "model.layers=6", "model.heads=6", "model.intermediate_size=1536"],
+    "tiny": [],
+    # 135M parameters decoding on CPU: fewer trajectories per step, fewer turns
+    "smollm2": [
+        "model.kind=smollm2",
+        "rollout.batch_groups=2",
+        "rollout.group_size=4",
+        "tasks.frozenlake.max_turns=4",
+        "trainer.micro_batch_tokens=2048",
+    ],
+}
 WEIGHTS = {"full": [], "lora": ["trainer.lora.r=8"]}
-COLUMNS = (("MiB/version", "bytes", lambda v: f"{v / 2**20:.1f}"), ("buckets", "buckets", str), ("engines", "engines", str),
-           ("publish s", "publish_s", "{:.3f}".format), ("pull s", "pull_s", "{:.3f}".format), ("transfer s", "transfer_s", "{:.3f}".format),
-           ("loop waited s", "waited_s", "{:.3f}".format), ("hidden", "hidden_fraction", "{:.0%}".format),
-           ("swap s (rollout suspended)", "swap_s", "{:.3f}".format), ("s/step", "s_per_step", "{:.2f}".format))
+COLUMNS = (
+    ("MiB/version", "bytes", lambda v: f"{v / 2**20:.1f}"),
+    ("buckets", "buckets", str),
+    ("engines", "engines", str),
+    ("publish s", "publish_s", "{:.3f}".format),
+    ("pull s", "pull_s", "{:.3f}".format),
+    ("transfer s", "transfer_s", "{:.3f}".format),
+    ("loop waited s", "waited_s", "{:.3f}".format),
+    ("hidden", "hidden_fraction", "{:.0%}".format),
+    ("swap s (rollout suspended)", "swap_s", "{:.3f}".format),
+    ("s/step", "s_per_step", "{:.2f}".format),
+)
 
 
 def _names(value: str, allowed) -> list[str]:
@@ -62,15 +78,32 @@ def main(flow, steps, models, weights, stores, out, overrides):
     results = {}
     for model, kind, store in runs:
         name = f"{model}/{kind}/{store}"
-        cfg = load_flow(flow, [*EVERY_ENGINE, *MODELS[model], *WEIGHTS[kind], f"weights.store={store}", f"trainer.steps={steps}",
-                               "trainer.max_minutes=null", "eval.every=0", "eval.seeds=20", "observe.progress=false", *overrides])
+        cfg = load_flow(
+            flow,
+            [
+                *EVERY_ENGINE,
+                *MODELS[model],
+                *WEIGHTS[kind],
+                f"weights.store={store}",
+                f"trainer.steps={steps}",
+                "trainer.max_minutes=null",
+                "eval.every=0",
+                "eval.seeds=20",
+                "observe.progress=false",
+                *overrides,
+            ],
+        )
         console.print(f"[bold]{name}[/bold]: {steps} steps of {flow}")
         run_dir = Path(out) / model / kind / store
         shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: one run per directory
         res = run_sync(cfg, run_dir)
         swaps = [r["update_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["kind"] == "step" and "weights" in r][1:]
-        results[name] = {**res["weights"], "swap_s": sum(swaps) / max(len(swaps), 1), "steps": res["steps"],
-                         "s_per_step": res["elapsed_s"] / max(res["steps"], 1)}
+        results[name] = {
+            **res["weights"],
+            "swap_s": sum(swaps) / max(len(swaps), 1),
+            "steps": res["steps"],
+            "s_per_step": res["elapsed_s"] / max(res["steps"], 1),
+        }
     from rich.console import Console
     from rich.table import Table
 
@@ -85,13 +118,17 @@ def main(flow, steps, models, weights, stores, out, overrides):
         r = results[f"{model}/{kind}/{store}"]
         other = results.get(f"{model}/{kind}/mooncake") if store == "dask" else None
         if other:
-            console.print(f"{model}/{kind}: mooncake / dask transfer {other['transfer_s'] / r['transfer_s']:.2f}×, loop waited "
-                          f"{other['waited_s'] / max(r['waited_s'], 1e-9):.2f}×")
+            console.print(
+                f"{model}/{kind}: mooncake / dask transfer {other['transfer_s'] / r['transfer_s']:.2f}×, loop waited "
+                f"{other['waited_s'] / max(r['waited_s'], 1e-9):.2f}×"
+            )
         adapter = results.get(f"{model}/lora/{store}") if kind == "full" else None
         if adapter:
-            console.print(f"{model}/{store}: full / lora — bytes {r['bytes'] / adapter['bytes']:.1f}×, publish "
-                          f"{r['publish_s'] / adapter['publish_s']:.1f}×, transfer {r['transfer_s'] / adapter['transfer_s']:.1f}×, "
-                          f"swap {r['swap_s'] / max(adapter['swap_s'], 1e-9):.1f}×, s/step {r['s_per_step'] / adapter['s_per_step']:.2f}×")
+            console.print(
+                f"{model}/{store}: full / lora — bytes {r['bytes'] / adapter['bytes']:.1f}×, publish "
+                f"{r['publish_s'] / adapter['publish_s']:.1f}×, transfer {r['transfer_s'] / adapter['transfer_s']:.1f}×, "
+                f"swap {r['swap_s'] / max(adapter['swap_s'], 1e-9):.1f}×, s/step {r['s_per_step'] / adapter['s_per_step']:.2f}×"
+            )
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "summary.json").write_text(json.dumps(results, indent=2))
 

@@ -6,6 +6,7 @@
 mkdocs runs it before each build (a hook in mkdocs.yml), and a test fails when a committed page differs
 from what this writes, or when a schema key or a command is missing from it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -76,17 +77,25 @@ def flow_keys(model: type[BaseModel] = None, prefix: str = "") -> list[tuple[str
         key = f"{prefix}{name}"
         out.append((key, field, model))
         for sub in _models_in(field.annotation):
-            many = typing.get_origin(field.annotation) is list or any(typing.get_origin(a) is list for a in typing.get_args(field.annotation))
-            keyed = typing.get_origin(field.annotation) is dict or any(typing.get_origin(a) is dict for a in typing.get_args(field.annotation))
+            many = typing.get_origin(field.annotation) is list or any(
+                typing.get_origin(a) is list for a in typing.get_args(field.annotation)
+            )
+            keyed = typing.get_origin(field.annotation) is dict or any(
+                typing.get_origin(a) is dict for a in typing.get_args(field.annotation)
+            )
             out += flow_keys(sub, f"{key}[]." if many else f"{key}.NAME." if keyed else f"{key}.")
     return out
 
 
 def flow_reference() -> str:
-    lines = ["# Flow reference", "",
-             "Every key of a flow file, generated from the schema's own descriptions (`rollart_dask/config/schema.py`). "
-             "A key not listed here is refused at load with the allowed keys named. `--set KEY=VALUE` takes the same "
-             "dotted keys (`tasks.NAME.KEY` for a task). `tasks[]` is a list of tasks; `NAME` is a key of your choosing.", ""]
+    lines = [
+        "# Flow reference",
+        "",
+        "Every key of a flow file, generated from the schema's own descriptions (`rollart_dask/config/schema.py`). "
+        "A key not listed here is refused at load with the allowed keys named. `--set KEY=VALUE` takes the same "
+        "dotted keys (`tasks.NAME.KEY` for a task). `tasks[]` is a list of tasks; `NAME` is a key of your choosing.",
+        "",
+    ]
     sections: dict[str, list[str]] = {}  # a section's rows together, in the order sections first appear
     for key, field, model in flow_keys():
         head = key.rsplit(".", 1)[0] if "." in key else ""
@@ -113,8 +122,13 @@ def cli_commands(group: click.Group = None, prefix: str = "rollart") -> list[tup
 
 
 def cli_reference() -> str:
-    lines = ["# CLI reference", "", "Every `rollart` command and its options, generated from the click commands "
-             "(`rollart_dask/entry/`). `rollart COMMAND --help` prints the same.", ""]
+    lines = [
+        "# CLI reference",
+        "",
+        "Every `rollart` command and its options, generated from the click commands "
+        "(`rollart_dask/entry/`). `rollart COMMAND --help` prints the same.",
+        "",
+    ]
     for path, cmd in cli_commands():
         ctx = click.Context(cmd, info_name=path)
         usage = cmd.get_usage(ctx).removeprefix("Usage: ")

@@ -30,6 +30,7 @@ TwentyQuestions an API key, and Klondike and UltimateTexasHoldem do not import o
 Both are deterministic by seed. ``info`` carries success, return (sum of rewards), malformed,
 turns and valid, all JSON-serialisable.
 """
+
 from __future__ import annotations
 
 import random
@@ -168,8 +169,13 @@ class GymnasiumText:
             if terminated:
                 self.success = reward > 0 if self.success_rule == "positive" else True
         truncated = bool(truncated) or (not terminated and self.max_turns is not None and self.turns >= self.max_turns)
-        info = {"success": self.success, "return": round(self.total, 6), "malformed": self.malformed,
-                "turns": self.turns, "valid": parsed is not None}
+        info = {
+            "success": self.success,
+            "return": round(self.total, 6),
+            "malformed": self.malformed,
+            "turns": self.turns,
+            "valid": parsed is not None,
+        }
         return self.render(), reward, bool(terminated), truncated, info
 
     def close(self):
@@ -202,8 +208,9 @@ class TextArenaEnv:
         try:
             import textarena  # noqa: F401  (fail here, not at the first reset, when it is missing)
         except ImportError as e:
-            raise ImportError("the TextArena adapter needs the package 'textarena', which is not installed: "
-                              "pip install 'rollart-dask[envs]'") from e
+            raise ImportError(
+                "the TextArena adapter needs the package 'textarena', which is not installed: pip install 'rollart-dask[envs]'"
+            ) from e
 
         self.env_id, self.max_turns, self.kwargs = env_id, max_turns, kwargs
         self._env = None
@@ -261,8 +268,13 @@ class TextArenaEnv:
             self.total += reward
             self.success = reward >= 1.0
         truncated = not done and self.max_turns is not None and self.turns >= self.max_turns
-        info = {"success": self.success, "return": round(self.total, 6), "malformed": self.malformed,
-                "turns": self.turns, "valid": not invalid}
+        info = {
+            "success": self.success,
+            "return": round(self.total, 6),
+            "malformed": self.malformed,
+            "turns": self.turns,
+            "valid": not invalid,
+        }
         if done and game_info.get("reason"):
             info["reason"] = str(game_info["reason"])
         return str(obs), reward, bool(done), truncated, info

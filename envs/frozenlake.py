@@ -8,6 +8,7 @@ the goal and the holes in a sentence; action: free text, whose first move word (
 down, right, up) is the move. Anything else is malformed: the agent does not move,
 ``info["malformed"]`` counts it, and the reward function applies a format penalty.
 """
+
 from __future__ import annotations
 
 import re
@@ -78,8 +79,10 @@ class FrozenLakeText:
             cells = [(r, c) for r in range(self.size) for c in range(self.size)]
             goal = next(_cell(r, c) for r, c in cells if desc[r][c] == b"G")
             holes = [_cell(r, c) for r, c in cells if desc[r][c] == b"H"]
-            return (f"The lake has {self.size} rows and {self.size} columns. You are at {_cell(row, col)}. The goal is at {goal}. "
-                    f"Holes: {', '.join(holes) if holes else 'none'}. Moving down increases the row, right increases the column.")
+            return (
+                f"The lake has {self.size} rows and {self.size} columns. You are at {_cell(row, col)}. The goal is at {goal}. "
+                f"Holes: {', '.join(holes) if holes else 'none'}. Moving down increases the row, right increases the column."
+            )
         lines = []
         for r in range(self.size):
             chars = [c.decode() for c in desc[r]]
@@ -100,8 +103,15 @@ class FrozenLakeText:
             self.fell = bool(terminated and not self.success)
         truncated = not terminated and self.max_turns is not None and self.turns >= self.max_turns
         path = None if self.fell else self.shortest_path()
-        info = {"success": self.success, "malformed": self.malformed, "turns": self.turns, "valid": letter is not None,
-                "fell": self.fell, "distance": None if path is None else len(path), "start_distance": self.start_distance}
+        info = {
+            "success": self.success,
+            "malformed": self.malformed,
+            "turns": self.turns,
+            "valid": letter is not None,
+            "fell": self.fell,
+            "distance": None if path is None else len(path),
+            "start_distance": self.start_distance,
+        }
         return self.render(), float(reward), bool(terminated), truncated, info
 
     def close(self):

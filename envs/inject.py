@@ -20,6 +20,7 @@ episode: 0 for reset, 1.. for steps), so a replay gives the same latencies and f
 any worker or process. Every call draws the same random numbers whatever the spec, so
 changing e.g. ``step_fail`` leaves the latencies of a replay unchanged.
 """
+
 from __future__ import annotations
 
 import csv
@@ -87,8 +88,9 @@ class NormalLatency(_Model):
 
 class EmpiricalLatency(_Model):
     dist: Literal["empirical"]
-    file: str = Field(description="CSV of observed seconds (first column; '#' comments and a header row allowed); "
-                                  "relative paths are under envs/latency/")
+    file: str = Field(
+        description="CSV of observed seconds (first column; '#' comments and a header row allowed); relative paths are under envs/latency/"
+    )
     cap_s: float | None = Field(None, gt=0)
     _points: np.ndarray = PrivateAttr()
 
@@ -122,15 +124,20 @@ class InjectSpec(_Model):
     reset_fail: float = Field(0.0, ge=0, le=1, description="probability a reset raises InjectedFailure")
     step_fail: float = Field(0.0, ge=0, le=1, description="probability a step raises InjectedFailure")
     hang_p: float = Field(0.0, ge=0, le=1, description="probability a call (reset or step) hangs")
-    reset_hang_p: float | None = Field(None, ge=0, le=1, description="probability a reset hangs (a stuck image pull or container "
-                                                                     "start); None: hang_p")
+    reset_hang_p: float | None = Field(
+        None, ge=0, le=1, description="probability a reset hangs (a stuck image pull or container start); None: hang_p"
+    )
     step_hang_p: float | None = Field(None, ge=0, le=1, description="probability a step hangs; None: hang_p")
     hang_s: float = Field(3600.0, gt=0, description="how long a hang lasts before it raises; the caller's timeout should fire first")
     time_scale: float = Field(1.0, ge=0, description="multiplies every injected sleep (latency and hang); 0 disables sleeping")
-    redraw_repeats: bool = Field(False, description=(
-        "off: every reset of an episode seed replays the same draws (so a retried reset that failed fails again, "
-        "and all members of a group sharing a seed get the same latencies). on: the n-th reset of the same seed "
-        "in this process draws afresh; draws then also depend on the order resets arrive in a process"))
+    redraw_repeats: bool = Field(
+        False,
+        description=(
+            "off: every reset of an episode seed replays the same draws (so a retried reset that failed fails again, "
+            "and all members of a group sharing a seed get the same latencies). on: the n-th reset of the same seed "
+            "in this process draws afresh; draws then also depend on the order resets arrive in a process"
+        ),
+    )
 
     def hang_of(self, call: str) -> float:
         """The hang probability of a "reset" or a "step"."""
@@ -177,8 +184,13 @@ def _explain(e: ValidationError) -> str:
 
 def _model_at(loc: tuple) -> type[BaseModel]:
     if len(loc) >= 3 and str(loc[0]).endswith("_latency"):
-        return {"none": NoLatency, "constant": ConstantLatency, "lognormal": LognormalLatency, "normal": NormalLatency,
-                "empirical": EmpiricalLatency}.get(str(loc[1]), InjectSpec)
+        return {
+            "none": NoLatency,
+            "constant": ConstantLatency,
+            "lognormal": LognormalLatency,
+            "normal": NormalLatency,
+            "empirical": EmpiricalLatency,
+        }.get(str(loc[1]), InjectSpec)
     return InjectSpec
 
 
@@ -228,7 +240,7 @@ def _uniforms(spec_seed: int, episode_seed: int | None, call_index: int, repeat:
     key = f"inject/{spec_seed}/{'none' if episode_seed is None else int(episode_seed)}/{call_index}/{repeat}"
     digest = hashlib.blake2b(key.encode(), digest_size=32).digest()
     # 52-bit numerators plus a half: strictly inside (0, 1), as inv_cdf needs.
-    return [((int.from_bytes(digest[i:i + 8], "little") >> 12) + 0.5) / 2**52 for i in range(0, 32, 8)]
+    return [((int.from_bytes(digest[i : i + 8], "little") >> 12) + 0.5) / 2**52 for i in range(0, 32, 8)]
 
 
 _repeats: dict[tuple, int] = {}
@@ -330,8 +342,14 @@ class Injected:
 
     def _label(self, info, reset_s: float, step_s: float) -> dict:
         info = dict(info or {})
-        info["injected"] = {"emulated": True, "reset_s": reset_s, "step_s": step_s, "total_s": self._total_s,
-                            "call": self._calls - 1, "spec_seed": self.spec.seed}
+        info["injected"] = {
+            "emulated": True,
+            "reset_s": reset_s,
+            "step_s": step_s,
+            "total_s": self._total_s,
+            "call": self._calls - 1,
+            "spec_seed": self.spec.seed,
+        }
         return info
 
 

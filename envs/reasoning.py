@@ -10,6 +10,7 @@ space of distinct problems is small, so held-out problems can repeat training on
 ``choices=[lo, hi]`` declares the answer grammar as the integers lo..hi (the env still parses
 free text); an engine may then constrain decoding to it (``engine.constrained``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,9 @@ def _dataset(name: str, args_json: str, block_seed: int):
     try:
         import reasoning_gym
     except ImportError as e:
-        raise ImportError("the reasoning-gym tasks need the package 'reasoning_gym', which is not installed: "
-                          "pip install 'rollart-dask[envs]'") from e
+        raise ImportError(
+            "the reasoning-gym tasks need the package 'reasoning_gym', which is not installed: pip install 'rollart-dask[envs]'"
+        ) from e
 
     return reasoning_gym.create_dataset(name, seed=block_seed, size=BLOCK, **json.loads(args_json))
 
@@ -58,8 +60,14 @@ def score(dataset: str, answer: str | None, entry: dict) -> float:
 
 
 class MathEnv:
-    def __init__(self, dataset: str = "basic_arithmetic", dataset_args: dict | None = None, dataset_seed: int = 0,
-                 choices: list[int] | None = None, max_turns: int | None = None):
+    def __init__(
+        self,
+        dataset: str = "basic_arithmetic",
+        dataset_args: dict | None = None,
+        dataset_seed: int = 0,
+        choices: list[int] | None = None,
+        max_turns: int | None = None,
+    ):
         self.dataset, self.dataset_args, self.dataset_seed = dataset, dict(dataset_args or {}), dataset_seed
         try:
             get_entry(dataset, self.dataset_args, dataset_seed, 0)
@@ -74,14 +82,26 @@ class MathEnv:
     def reset(self, seed: int):
         e = get_entry(self.dataset, self.dataset_args, self.dataset_seed, seed)
         # Only JSON-able parts travel: the reward re-checks with the same verifier.
-        self.entry = {"question": e["question"], "answer": str(e["answer"]), "metadata": json.loads(json.dumps(e.get("metadata", {}), default=str))}
+        self.entry = {
+            "question": e["question"],
+            "answer": str(e["answer"]),
+            "metadata": json.loads(json.dumps(e.get("metadata", {}), default=str)),
+        }
         return self.entry["question"], {"seed": seed, "dataset": self.dataset}
 
     def step(self, action: str):
         answer = extract_answer(action)
         s = score(self.dataset, answer, self.entry)  # type: ignore[arg-type]
-        info = {"success": s >= 1.0, "score": s, "extracted": answer, "malformed": int(answer is None), "turns": 1,
-                "valid": answer is not None, "dataset": self.dataset, "entry": self.entry}
+        info = {
+            "success": s >= 1.0,
+            "score": s,
+            "extracted": answer,
+            "malformed": int(answer is None),
+            "turns": 1,
+            "valid": answer is not None,
+            "dataset": self.dataset,
+            "entry": self.entry,
+        }
         return f"answer: {answer}" if answer is not None else "no answer found", s, True, False, info
 
     def expert_action(self) -> str | None:

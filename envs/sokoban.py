@@ -28,6 +28,7 @@ split the room), ``min_moves``/``max_moves`` the optimal-solution window (defaul
 same seed always gives the same level. Held-out evaluation uses seeds >= 1_000_000 by
 convention only; nothing here treats them differently.
 """
+
 from __future__ import annotations
 
 import random
@@ -62,8 +63,15 @@ def live_cells(floor: frozenset, targets: frozenset, width: int) -> frozenset:
     return frozenset(live)
 
 
-def solve(floor: frozenset, targets: frozenset, width: int, player: int, boxes: frozenset,
-          max_states: int = 200_000, live: frozenset | None = None) -> str | None:
+def solve(
+    floor: frozenset,
+    targets: frozenset,
+    width: int,
+    player: int,
+    boxes: frozenset,
+    max_states: int = 200_000,
+    live: frozenset | None = None,
+) -> str | None:
     """Shortest move sequence (letters L D R U) that puts every box on a target, by
     breadth-first search over (player, boxes); None when unsolvable or over ``max_states``.
     Cells are ``row * width + col``; the caller guarantees a wall border."""
@@ -121,9 +129,17 @@ def _connected(cells: set) -> bool:
     return len(seen) == len(cells)
 
 
-def generate_level(seed: int, width: int = 6, height: int = 6, boxes: int = 1, walls: int = 1,
-                   min_moves: int = 2, max_moves: int = 8, max_attempts: int = 200,
-                   max_states: int = 200_000) -> dict:
+def generate_level(
+    seed: int,
+    width: int = 6,
+    height: int = 6,
+    boxes: int = 1,
+    walls: int = 1,
+    min_moves: int = 2,
+    max_moves: int = 8,
+    max_attempts: int = 200,
+    max_states: int = 200_000,
+) -> dict:
     """A level as a dict (floor, targets, player, boxes as cell sets; ``solution`` the optimal
     moves). Pure function of its arguments: one ``random.Random(seed)`` drives every draw."""
     rng = random.Random(seed)
@@ -160,10 +176,19 @@ def generate_level(seed: int, width: int = 6, height: int = 6, boxes: int = 1, w
             continue
         plan = solve(floor, targets, width, player, box_fs, max_states)
         if plan is not None and min_moves <= len(plan) <= max_moves:
-            return {"width": width, "height": height, "floor": floor, "targets": targets,
-                    "player": player, "boxes": box_fs, "solution": plan}
-    raise RuntimeError(f"no sokoban level with {min_moves}..{max_moves} moves after {max_attempts} attempts "
-                       f"(seed {seed}, {width}x{height}, {boxes} boxes, {walls} walls)")
+            return {
+                "width": width,
+                "height": height,
+                "floor": floor,
+                "targets": targets,
+                "player": player,
+                "boxes": box_fs,
+                "solution": plan,
+            }
+    raise RuntimeError(
+        f"no sokoban level with {min_moves}..{max_moves} moves after {max_attempts} attempts "
+        f"(seed {seed}, {width}x{height}, {boxes} boxes, {walls} walls)"
+    )
 
 
 def parse_level(text: str) -> dict:
@@ -194,8 +219,14 @@ def parse_level(text: str) -> dict:
                 player = i
     if player is None or not boxes or len(boxes) != len(targets):
         raise ValueError("sokoban level needs one player and as many boxes as targets")
-    return {"width": width, "height": height, "floor": frozenset(floor), "targets": frozenset(targets),
-            "player": player, "boxes": frozenset(boxes)}
+    return {
+        "width": width,
+        "height": height,
+        "floor": frozenset(floor),
+        "targets": frozenset(targets),
+        "player": player,
+        "boxes": frozenset(boxes),
+    }
 
 
 class SokobanText:
@@ -203,9 +234,18 @@ class SokobanText:
 
     action_choices = tuple(ACTIONS)
 
-    def __init__(self, width: int = 6, height: int = 6, boxes: int = 1, walls: int = 1,
-                 min_moves: int = 2, max_moves: int = 8, max_attempts: int = 200,
-                 max_turns: int | None = None, end_on_deadlock: bool = False):
+    def __init__(
+        self,
+        width: int = 6,
+        height: int = 6,
+        boxes: int = 1,
+        walls: int = 1,
+        min_moves: int = 2,
+        max_moves: int = 8,
+        max_attempts: int = 200,
+        max_turns: int | None = None,
+        end_on_deadlock: bool = False,
+    ):
         if width < 3 or height < 3:
             raise ValueError(f"sokoban width and height include the wall border and must be >= 3, got {width}x{height}")
         if boxes < 1 or boxes + 1 > (width - 2) * (height - 2):
@@ -222,8 +262,9 @@ class SokobanText:
         self.malformed = 0
 
     def reset(self, seed: int):
-        self._start(generate_level(seed, self.width, self.height, self.boxes, self.walls,
-                                   self.min_moves, self.max_moves, self.max_attempts))
+        self._start(
+            generate_level(seed, self.width, self.height, self.boxes, self.walls, self.min_moves, self.max_moves, self.max_attempts)
+        )
         obs = self.render()
         return obs, {"seed": seed, "level": obs, "optimal_moves": len(self._level["solution"])}
 
@@ -290,8 +331,15 @@ class SokobanText:
         terminated = self.success or (self.end_on_deadlock and deadlock)
         reward = 1.0 if self.success else 0.0
         truncated = not terminated and self.max_turns is not None and self.turns >= self.max_turns
-        info = {"success": self.success, "malformed": self.malformed, "turns": self.turns, "valid": letter is not None,
-                "boxes_on_target": on_target, "boxes": boxes, "deadlock": deadlock}
+        info = {
+            "success": self.success,
+            "malformed": self.malformed,
+            "turns": self.turns,
+            "valid": letter is not None,
+            "boxes_on_target": on_target,
+            "boxes": boxes,
+            "deadlock": deadlock,
+        }
         return self.render(), reward, bool(terminated), truncated, info
 
     def close(self):

@@ -11,6 +11,7 @@ Lengths are an int (constant) or ``{median, sigma, min, max}``: a lognormal with
 log-space ``sigma``, clipped to [min, max]. Prompt lengths depend on the episode seed only (group
 members share a prompt); response and observation lengths are drawn per env instance.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,17 @@ class SyntheticAgentEnv:
 
     emulated = True
 
-    def __init__(self, turns: int = 1, prompt_tokens: Any = 512, output_tokens: Any = 256, obs_tokens: Any = 64,
-                 success_p: float = 0.5, reward_s: float = 0.0, time_scale: float = 1.0, name: str = "synthetic"):
+    def __init__(
+        self,
+        turns: int = 1,
+        prompt_tokens: Any = 512,
+        output_tokens: Any = 256,
+        obs_tokens: Any = 64,
+        success_p: float = 0.5,
+        reward_s: float = 0.0,
+        time_scale: float = 1.0,
+        name: str = "synthetic",
+    ):
         if turns < 1:
             raise ValueError(f"turns must be >= 1, got {turns}")
         if not 0 <= success_p <= 1:

@@ -16,8 +16,13 @@ def reward(trajectory: dict) -> dict:
     if total <= 0:
         raise ValueError("code reward: the trajectory's info has no tests_total (was it produced by the code_sandbox env?)")
     passed = min(max(int(info.get("tests_passed") or 0), 0), total)
-    return {"score": round(passed / total, 6), "success": passed == total, "tests_passed": passed, "tests_total": total,
-            "verdict": info.get("verdict")}
+    return {
+        "score": round(passed / total, 6),
+        "success": passed == total,
+        "tests_passed": passed,
+        "tests_total": total,
+        "verdict": info.get("verdict"),
+    }
 
 
 def handler(event, context):  # the same function as an AWS Lambda handler

@@ -6,6 +6,7 @@ not content, is what the serverless-vs-local ablation measures.
 >>> reward({"info": {"success": True, "return": 1.0, "reward_s": 0.0}})
 {'score': 1.0, 'success': True, 'emulated': True}
 """
+
 import time
 
 

@@ -10,6 +10,7 @@ adds, short of the goal, part of the way covered (a dense signal for a model tha
 >>> progress({"task": "frozenlake", "info": {"success": False, "malformed": 1, "fell": True, "distance": None, "start_distance": 4}, "turns": []})
 {'score': -0.1, 'success': False}
 """
+
 FORMAT_PENALTY = 0.1
 PROGRESS_WEIGHT = 0.5  # the most a trajectory short of the goal earns: half of reaching it
 

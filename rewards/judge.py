@@ -19,6 +19,7 @@ their first token, so the first-token distribution decides the verdict): the ver
 exactly when the score is at least 0.5. A completion that is not a verdict raises; no score is
 ever made up. Nothing here imports the runtime.
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,12 @@ def judge_prompt(trajectory: dict) -> str:
 
 def request(trajectory: dict) -> dict:
     """The judge's generate request: greedy, restricted to the verdict choices."""
-    return {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": judge_prompt(trajectory)}],
-            "choices": list(CHOICES), "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    return {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": judge_prompt(trajectory)}],
+        "choices": list(CHOICES),
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+    }
 
 
 def score(verdict: str, logprob: float) -> dict:
@@ -87,5 +92,4 @@ def reward(trajectory: dict, completion: dict) -> dict:
 
 
 def handler(event, context):
-    raise RuntimeError("the judge reward needs an inference engine: it runs on the REWARD pool (reward runner), "
-                       "not as a Lambda function")
+    raise RuntimeError("the judge reward needs an inference engine: it runs on the REWARD pool (reward runner), not as a Lambda function")

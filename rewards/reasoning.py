@@ -3,6 +3,7 @@
 The env puts the problem entry (question, answer, metadata) in its final info, so the reward
 needs nothing but the trajectory: it runs anywhere, a Lambda function included.
 """
+
 from ..envs.reasoning import extract_answer, score
 
 FORMAT_PENALTY = 0.1

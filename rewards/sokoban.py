@@ -7,6 +7,7 @@ action.
 >>> reward({"task": "sokoban", "info": {"success": False, "malformed": 1, "boxes_on_target": 1, "boxes": 2}, "turns": []})
 {'score': -0.05, 'success': False}
 """
+
 FORMAT_PENALTY = 0.1
 PARTIAL_CREDIT = 0.1
 

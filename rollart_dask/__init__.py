@@ -3,6 +3,7 @@
 ``import rollart_dask`` is light (the declarative decorators, rollart_dask/declare.py): a decorated
 reward's Lambda function imports it too. The notebook API (``launch``, ``RunHandle``) loads on first use.
 """
+
 __version__ = "0.1.0"
 
 from rollart_dask.declare import env, reward  # noqa: E402  (the declarative API)

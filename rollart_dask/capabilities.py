@@ -16,6 +16,7 @@ writes every request's KV to disk and never deletes it, moves whole blocks only,
 travels through a shared directory, outside Dask and outside the engines' version check. Using it
 would take a connector subclass that namespaces blocks by version and deletes them once loaded.
 """
+
 from __future__ import annotations
 
 PD = {"torch": "real", "emulated": "modelled"}
@@ -26,8 +27,10 @@ def pd_unsupported_reason(backend: str) -> str | None:
     if backend in PD:
         return None
     if backend == "vllm":
-        return (f"prefill/decode disaggregation is not supported by this engine ({_vllm_build()}: its KV-transfer connectors do not "
-                "hand a versioned KV cache to the runtime): use engine.backend torch (real) or emulated (modelled)")
+        return (
+            f"prefill/decode disaggregation is not supported by this engine ({_vllm_build()}: its KV-transfer connectors do not "
+            "hand a versioned KV cache to the runtime): use engine.backend torch (real) or emulated (modelled)"
+        )
     return f"prefill/decode disaggregation is not supported by engine.backend {backend}: use engine.backend torch"
 
 

@@ -19,6 +19,7 @@ deployed as a function and runs on the REWARD pool in either ``reward.mode``.
 This module imports only the registries (no Dask, no torch): a decorated reward's Lambda zip carries
 it, and ``handler`` below is that function's handler.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -36,8 +37,10 @@ def _register(registry: Registry, name: str, obj: Any) -> None:
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(f"@rollart_dask.{registry.kind}: the name must be a non-empty string without ':', got {name!r}")
     if getattr(obj, "__module__", None) == "__main__":
-        raise ValueError(f"@rollart_dask.{registry.kind}({name!r}) on {obj.__qualname__}: declare it in an importable module "
-                         "(workers and Lambda functions import it by name), not in the script being run")
+        raise ValueError(
+            f"@rollart_dask.{registry.kind}({name!r}) on {obj.__qualname__}: declare it in an importable module "
+            "(workers and Lambda functions import it by name), not in the script being run"
+        )
     registry.register(name, obj)
 
 

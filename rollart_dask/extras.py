@@ -1,4 +1,5 @@
 """The optional dependencies (setup.cfg's extras): a missing one is named with the extra that brings it."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,5 +13,4 @@ class MissingExtra(ImportError):
 def require(module: str, extra: str, needed_for: str) -> None:
     """Raise MissingExtra unless ``module`` can be imported."""
     if importlib.util.find_spec(module) is None:
-        raise MissingExtra(f"{needed_for} needs the package {module!r}, which is not installed: "
-                           f"pip install 'rollart-dask[{extra}]'")
+        raise MissingExtra(f"{needed_for} needs the package {module!r}, which is not installed: pip install 'rollart-dask[{extra}]'")

@@ -1,4 +1,5 @@
 """Metrics out: JSONL (one line per step) and the experiment trackers (trackers.py), a progress bar, a summary table."""
+
 from __future__ import annotations
 
 import json
@@ -72,11 +73,32 @@ class MetricsWriter:
         if self._samples is None:
             self._samples = self.path.with_name("samples.jsonl").open("a")
         for t in trajectories:
-            self._samples.write(json.dumps({"trained_on_version": version, "id": t.id, "task": t.task, "seed": t.seed, "version": t.version,
-                                            "reward": t.reward, "success": t.success,
-                                            "turns": [{"messages": as_chat(u.messages), "prompt_ids": u.prompt_ids, "response_ids": u.response_ids,
-                                                       "action": u.action, "env_reward": u.env_reward, "version": u.version} for u in t.turns]},
-                                           default=str) + "\n")
+            self._samples.write(
+                json.dumps(
+                    {
+                        "trained_on_version": version,
+                        "id": t.id,
+                        "task": t.task,
+                        "seed": t.seed,
+                        "version": t.version,
+                        "reward": t.reward,
+                        "success": t.success,
+                        "turns": [
+                            {
+                                "messages": as_chat(u.messages),
+                                "prompt_ids": u.prompt_ids,
+                                "response_ids": u.response_ids,
+                                "action": u.action,
+                                "env_reward": u.env_reward,
+                                "version": u.version,
+                            }
+                            for u in t.turns
+                        ],
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
         self._samples.flush()
 
     def close(self, final_checkpoint: str | Path | None = None) -> None:
@@ -95,8 +117,10 @@ class MetricsWriter:
         try:
             fn(arg)
         except Exception as e:  # noqa: BLE001 (any failure of a third-party tracker)
-            console.print(f"[yellow]observe.loggers: {name} failed ({type(e).__name__}: {e}); "
-                          f"left out from here (metrics.jsonl has every row)[/yellow]")
+            console.print(
+                f"[yellow]observe.loggers: {name} failed ({type(e).__name__}: {e}); "
+                f"left out from here (metrics.jsonl has every row)[/yellow]"
+            )
             self.trackers.pop(name, None)
 
 

@@ -4,6 +4,7 @@ Imports nothing from the runtime, so both ``algo/`` and ``data/`` build on it. A
 object itself or a lazy ``"module:attr"`` string, imported on first ``get``: heavy or optional
 dependencies (vllm, megatron-core, the emulation tool) load only where they are chosen.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,9 @@ def current_module_name(module: str) -> str:
     if old is not None and old.origin != importlib.util.find_spec(RENAMED[top]).origin:
         return module
     new = RENAMED[top] + dot + rest
-    warnings.warn(f"{module!r} is an old name: this project's {top} install as {RENAMED[top]} now; write {new!r}",
-                  FutureWarning, stacklevel=3)
+    warnings.warn(
+        f"{module!r} is an old name: this project's {top} install as {RENAMED[top]} now; write {new!r}", FutureWarning, stacklevel=3
+    )
     return new
 
 
@@ -56,6 +58,7 @@ class Registry:
     def register(self, name: str, target: Any = None):
         """Add ``name`` → ``target`` (an object or a lazy ``"module:attr"``). Without ``target``, a decorator."""
         if target is None:
+
             def deco(obj):
                 self.register(name, obj)
                 return obj
@@ -63,8 +66,7 @@ class Registry:
             return deco
         if name in self._entries and self._describe(self._entries[name]) != self._describe(target):
             # (the same origin again is a module imported twice, e.g. reloaded: it replaces itself)
-            raise ValueError(f"{self.kind} {name!r} is already registered (to {self._describe(self._entries[name])}); "
-                             "choose another name")
+            raise ValueError(f"{self.kind} {name!r} is already registered (to {self._describe(self._entries[name])}); choose another name")
         if isinstance(target, str) and ":" not in target:
             raise ValueError(f"{self.kind} {name!r}: a lazy entry is 'module:attr', got {target!r}")
         self._entries[name] = target
@@ -112,4 +114,3 @@ class Registry:
         if isinstance(target, str):
             return target
         return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
-

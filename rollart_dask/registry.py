@@ -5,6 +5,7 @@ Any 'module:attr' string works as a name too, so a flow can point at user code t
 can import; `register_env()` / `register_reward()` add names in the current process (a name
 already taken is an error), and installed packages add theirs through entry points.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,25 +15,31 @@ from typing import Any, Callable
 
 from rollart_dask.registries import Registry, UnknownName, import_target
 
-ENVS = Registry("env", {
-    "frozenlake": "rollart_dask.envs.frozenlake:FrozenLakeText",
-    "sokoban": "rollart_dask.envs.sokoban:SokobanText",
-    "math": "rollart_dask.envs.reasoning:MathEnv",
-    "code": "rollart_dask.envs.code_sandbox:CodeSandboxEnv",
-    "gym": "rollart_dask.envs.adapters:GymnasiumText",
-    "textarena": "rollart_dask.envs.adapters:TextArenaEnv",
-    "synthetic": "rollart_dask.envs.synthetic:SyntheticAgentEnv",  # EMULATED workload shape, for ablations on emulated hardware
-})
-REWARDS = Registry("reward", {
-    "frozenlake": "rollart_dask.rewards.frozenlake:reward",
-    "frozenlake-progress": "rollart_dask.rewards.frozenlake:progress",
-    "sokoban": "rollart_dask.rewards.sokoban:reward",
-    "math": "rollart_dask.rewards.reasoning:reward",
-    "code": "rollart_dask.rewards.code:reward",
-    "env_return": "rollart_dask.rewards.env_return:reward",
-    "judge": "rollart_dask.rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
-    "emulated": "rollart_dask.rewards.emulated:reward",  # EMULATED reward cost (sleeps), with the synthetic env
-})
+ENVS = Registry(
+    "env",
+    {
+        "frozenlake": "rollart_dask.envs.frozenlake:FrozenLakeText",
+        "sokoban": "rollart_dask.envs.sokoban:SokobanText",
+        "math": "rollart_dask.envs.reasoning:MathEnv",
+        "code": "rollart_dask.envs.code_sandbox:CodeSandboxEnv",
+        "gym": "rollart_dask.envs.adapters:GymnasiumText",
+        "textarena": "rollart_dask.envs.adapters:TextArenaEnv",
+        "synthetic": "rollart_dask.envs.synthetic:SyntheticAgentEnv",  # EMULATED workload shape, for ablations on emulated hardware
+    },
+)
+REWARDS = Registry(
+    "reward",
+    {
+        "frozenlake": "rollart_dask.rewards.frozenlake:reward",
+        "frozenlake-progress": "rollart_dask.rewards.frozenlake:progress",
+        "sokoban": "rollart_dask.rewards.sokoban:reward",
+        "math": "rollart_dask.rewards.reasoning:reward",
+        "code": "rollart_dask.rewards.code:reward",
+        "env_return": "rollart_dask.rewards.env_return:reward",
+        "judge": "rollart_dask.rewards.judge:reward",  # stateful (NEEDS_ENGINE): runs on the REWARD pool, never as a Lambda function
+        "emulated": "rollart_dask.rewards.emulated:reward",  # EMULATED reward cost (sleeps), with the synthetic env
+    },
+)
 register_env = ENVS.register  # register_env(name, factory | "module:attr")
 register_reward = REWARDS.register  # register_reward(name, fn | "module:attr")
 

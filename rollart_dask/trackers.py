@@ -5,6 +5,7 @@ plots the row's numeric leaves at its ``step``; ``close(final_checkpoint)`` ends
 the final checkpoint as an artefact where the tracker keeps files. Each tracker records the effective flow
 as its run's config when it starts. wandb and mlflow are optional extras, imported only when named.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -71,8 +72,16 @@ class Wandb:
         o = observe.wandb
         # create_new: runs of several flows in one process (the Python API, ablations) each get their own W&B run;
         # console off: the run's own console (progress bar, summary) stays as it is
-        self.run = wandb.init(project=o.project, entity=o.entity, mode=o.mode, dir=str(out), name=flow.get("name"), config=flow,
-                              reinit="create_new", settings=wandb.Settings(console="off"))
+        self.run = wandb.init(
+            project=o.project,
+            entity=o.entity,
+            mode=o.mode,
+            dir=str(out),
+            name=flow.get("name"),
+            config=flow,
+            reinit="create_new",
+            settings=wandb.Settings(console="off"),
+        )
         self.name = re.sub(r"[^\w.-]", "-", str(flow.get("name", "flow")))
         self.artifacts = observe.checkpoint_artifact
         # steps are policy versions, and an evaluation of the engines' version comes after the next step's row: a step
@@ -123,17 +132,20 @@ class Mlflow:
         eid = exp.experiment_id if exp is not None else c.create_experiment(observe.mlflow.experiment)
         self.run_id = c.create_run(eid, run_name=flow.get("name"), tags={"rollart.out": str(out.resolve())}).info.run_id
         # params: what fits MLflow's limits (a longer value cut, with "…"); the whole flow goes as flow.yaml
-        params = [Param(k, s if len(s) <= PARAM_VALUE else s[: PARAM_VALUE - 1] + "…")
-                  for k, s in ((BAD_KEY.sub("_", k), str(v)) for k, v in _leaves(flow).items()) if len(k) <= PARAM_KEY]
+        params = [
+            Param(k, s if len(s) <= PARAM_VALUE else s[: PARAM_VALUE - 1] + "…")
+            for k, s in ((BAD_KEY.sub("_", k), str(v)) for k, v in _leaves(flow).items())
+            if len(k) <= PARAM_KEY
+        ]
         for i in range(0, len(params), 100):  # (MLflow takes 100 params per batch)
-            c.log_batch(self.run_id, params=params[i: i + 100])
+            c.log_batch(self.run_id, params=params[i : i + 100])
         c.log_text(self.run_id, yaml.safe_dump(flow, sort_keys=False), "flow.yaml")
 
     def log(self, row: dict) -> None:
         ms, step = int(row.get("time", time.time()) * 1000), int(row.get("step", 0))
         metrics = [self.Metric(BAD_KEY.sub("_", k), v, ms, step) for k, v in scalars(row).items()]
         for i in range(0, len(metrics), 1000):  # (and 1000 metrics)
-            self.client.log_batch(self.run_id, metrics=metrics[i: i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def close(self, final_checkpoint: Path | None) -> None:
         if (self.out / "flow.yaml").exists():  # the effective flow the entry point wrote (engine backend, layout)

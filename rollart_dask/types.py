@@ -1,4 +1,5 @@
 """Plain data passed between the planes. No Dask, no torch: safe to import anywhere."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

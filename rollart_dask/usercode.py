@@ -11,6 +11,7 @@ A Python flow file (``rollart run my_flow.py``) defines ``flow``: a FlowConfig, 
 returning either. It is imported like an ``imports`` file (workers import it as well, so it may hold
 the decorated envs and rewards itself; it must not start anything at import time).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -70,8 +71,7 @@ def import_item(item: str):
         if loaded is not None:
             where = getattr(loaded, "__file__", None)
             if where is None or Path(where).resolve() != Path(item):
-                raise UserCodeError(f"imports: {item}: a module {name!r} is already imported from {where or 'a built-in'}; "
-                                    "rename the file")
+                raise UserCodeError(f"imports: {item}: a module {name!r} is already imported from {where or 'a built-in'}; rename the file")
             return loaded
         folder = str(Path(item).parent)
         if folder not in sys.path:

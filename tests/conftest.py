@@ -39,7 +39,11 @@ def _why_missing(name: str) -> str | None:
         err = _import_error("vllm")
         return err and f"the vllm extra is not installed (make installs it on x86-64; {err})"
     if name == "chromium":
-        return None if os.path.exists("/usr/bin/chromium") else "no /usr/bin/chromium (Debian's chromium package; `make test` installs it in CI)"
+        return (
+            None
+            if os.path.exists("/usr/bin/chromium")
+            else "no /usr/bin/chromium (Debian's chromium package; `make test` installs it in CI)"
+        )
     if name == "dockerd":
         return None if shutil.which("dockerd") else "dockerd is not installed (Debian: apt-get install -y docker.io)"
     if name == "libibverbs":  # the Mooncake store's wheel loads Debian's libibverbs1 even over TCP
@@ -60,8 +64,11 @@ def require(name: str) -> None:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "needs(name): the test needs the declared dependency vllm | chromium | dockerd | libibverbs "
-                                       "(skipped where missing; a failure in CI on x86-64)")
+    config.addinivalue_line(
+        "markers",
+        "needs(name): the test needs the declared dependency vllm | chromium | dockerd | libibverbs "
+        "(skipped where missing; a failure in CI on x86-64)",
+    )
 
 
 def pytest_runtest_setup(item):
@@ -81,17 +88,21 @@ def flow_dict(**over) -> dict:
     """A tiny flow for tests (2 groups of 4 per step, a few held-out seeds)."""
     data = {
         "name": "test",
-        "cluster": {"workers": [
-            {"name": "train-0", "pools": ["H800", "TRAIN"], "nthreads": 1},
-            {"name": "h800-0", "pools": ["H800"], "nthreads": 2},
-            {"name": "h20-0", "pools": ["H20"], "nthreads": 2},
-            {"name": "cpu-0", "pools": ["CPU"], "nthreads": 2},
-            {"name": "cpu-1", "pools": ["CPU"], "nthreads": 2},
-            {"name": "reward-0", "pools": ["SERVERLESS", "REWARD"], "nthreads": 1},
-        ]},
+        "cluster": {
+            "workers": [
+                {"name": "train-0", "pools": ["H800", "TRAIN"], "nthreads": 1},
+                {"name": "h800-0", "pools": ["H800"], "nthreads": 2},
+                {"name": "h20-0", "pools": ["H20"], "nthreads": 2},
+                {"name": "cpu-0", "pools": ["CPU"], "nthreads": 2},
+                {"name": "cpu-1", "pools": ["CPU"], "nthreads": 2},
+                {"name": "reward-0", "pools": ["SERVERLESS", "REWARD"], "nthreads": 1},
+            ]
+        },
         "model": {"kind": "tiny", "hidden_size": 64, "layers": 1, "heads": 2, "intermediate_size": 128},
         "engine": {"backend": "torch"},
-        "tasks": [{"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 6, "max_tokens": 2}],
+        "tasks": [
+            {"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 6, "max_tokens": 2}
+        ],
         "rollout": {"mode": "rollart", "alpha": 1, "group_size": 4, "batch_groups": 2, "generate_timeout_s": 60, "env_timeout_s": 30},
         "trainer": {"steps": 2, "lr": 1e-3},
         "eval": {"every": 0, "seeds": 4},
@@ -128,8 +139,17 @@ def record_trained_batches(run, into: list | None = None) -> list:
         groups = take(n_groups)
         if groups is not None:
             # per turn its version; a turn continued across versions (rollout.partial=continue): its first and last token's
-            batches.append([[v for turn in traj.turns for v in (turn.token_versions[::len(turn.token_versions) - 1 or 1]
-                                                              if turn.token_versions else [turn.version])] for g in groups for traj in g.kept])
+            batches.append(
+                [
+                    [
+                        v
+                        for turn in traj.turns
+                        for v in (turn.token_versions[:: len(turn.token_versions) - 1 or 1] if turn.token_versions else [turn.version])
+                    ]
+                    for g in groups
+                    for traj in g.kept
+                ]
+            )
         return groups
 
     run.buffer.take = recording

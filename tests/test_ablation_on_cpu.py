@@ -1,5 +1,6 @@
 """Ablations without a cluster: the synthetic workload env, the flow-level ideal on hand-checkable
 cases, the ablation files, the report, and the emulated config rules."""
+
 import csv
 
 import pytest
@@ -17,12 +18,22 @@ from rollart_dask.tools.emulation.hardware import train_step_seconds, weight_loa
 
 
 def emulated_flow(**over) -> dict:
-    task = {"name": "t", "env": "synthetic", "reward": "emulated", "affinity": "prefill", "max_tokens": 64,
-            "env_args": {"turns": 2, "prompt_tokens": 1, "output_tokens": 1, "obs_tokens": 0}}
+    task = {
+        "name": "t",
+        "env": "synthetic",
+        "reward": "emulated",
+        "affinity": "prefill",
+        "max_tokens": 64,
+        "env_args": {"turns": 2, "prompt_tokens": 1, "output_tokens": 1, "obs_tokens": 0},
+    }
     task.update(over.pop("task", {}))
-    flow = {"engine": {"backend": "emulated"}, "trainer": {"backend": "emulated"},
-            "emulation": {"pools": {"H800": {"gpu": "H800", "gpus": 1}, "H20": {"gpu": "H20", "gpus": 1}}, "trainer": {"gpus": 1}},
-            "rollout": {"group_size": 2, "batch_groups": 2}, "tasks": [task]}
+    flow = {
+        "engine": {"backend": "emulated"},
+        "trainer": {"backend": "emulated"},
+        "emulation": {"pools": {"H800": {"gpu": "H800", "gpus": 1}, "H20": {"gpu": "H20", "gpus": 1}}, "trainer": {"gpus": 1}},
+        "rollout": {"group_size": 2, "batch_groups": 2},
+        "tasks": [task],
+    }
     for k, v in over.items():
         flow[k] = {**flow.get(k, {}), **v}
     return flow
@@ -56,7 +67,9 @@ def test_normal_env_latency_is_truncated_at_zero():
 def test_emulated_flows_must_emulate_engine_and_trainer_together_and_share_one_clock():
     with pytest.raises(FlowError, match="emulated together"):
         load_flow(data=emulated_flow(trainer={"backend": "torch"}))
-    cfg = load_flow(data=emulated_flow(task={"inject": {"step_latency": {"dist": "constant", "s": 1}}}), overrides=["emulation.time_scale=0.1"])
+    cfg = load_flow(
+        data=emulated_flow(task={"inject": {"step_latency": {"dist": "constant", "s": 1}}}), overrides=["emulation.time_scale=0.1"]
+    )
     assert cfg.tasks[0].inject["time_scale"] == 0.1 and cfg.tasks[0].env_args["time_scale"] == 0.1
     with pytest.raises(FlowError, match="differs from emulation.time_scale"):
         load_flow(data=emulated_flow(task={"inject": {"time_scale": 1.0}}))
@@ -85,9 +98,13 @@ def test_ideal_of_a_hand_checkable_flow():
     # eager α=1, groups of constant latency ℓ, 2 batches admitted: launched at phase u of an interval S, a group is trainable
     # iff ℓ ≤ (2−u)S, and an aborted one holds its admission until then; S = E[min(ℓ, w)] / (2 P(ℓ ≤ w)) solves to
     # 4.5 S² − 4ℓ S + ℓ²/2 = 0, S = ℓ (40 + √700) / 90 — above Little's law alone (ℓ/2): what outlives its window is lost
-    eager = flow_ideal(load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.admission=eager", "rollout.alpha=1"]), {"H800": 1}, samples=20)
-    assert eager.step_s == pytest.approx((20 + gen) * (40 + 700 ** 0.5) / 90, rel=5e-3) and eager.binding == "eager:trainable_groups"
-    assert eager.terms["eager_trainable_mix"] == {"t": 1.0} and eager.terms["eager_trainable_share"] == pytest.approx(2 - 90 / (40 + 700 ** 0.5), abs=0.02)  # u ≤ 2 − ℓ/S
+    eager = flow_ideal(
+        load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.admission=eager", "rollout.alpha=1"]), {"H800": 1}, samples=20
+    )
+    assert eager.step_s == pytest.approx((20 + gen) * (40 + 700**0.5) / 90, rel=5e-3) and eager.binding == "eager:trainable_groups"
+    assert eager.terms["eager_trainable_mix"] == {"t": 1.0} and eager.terms["eager_trainable_share"] == pytest.approx(
+        2 - 90 / (40 + 700**0.5), abs=0.02
+    )  # u ≤ 2 − ℓ/S
     # local rewards two at a time: 4 rewards of 30 s take 60 s however fast the rest is
     slow = emulated_flow(task={"env_args": {"turns": 1, "prompt_tokens": 1, "output_tokens": 1, "reward_s": 30}})
     r = flow_ideal(load_flow(data=slow, overrides=["rollout.alpha=4"]), {"H800": 1}, reward_slots=2, samples=20)
@@ -105,7 +122,9 @@ def test_an_emulated_flow_states_the_reward_reclaim_policy_in_emulated_seconds(t
 
 def test_heavy_env_tails_cost_the_batch_level_barrier_more():
     inject = {"step_latency": {"dist": "lognormal", "median_s": 2, "sigma": 1.5, "cap_s": 300}}
-    data = emulated_flow(task={"inject": inject, "env_args": {"turns": 6, "prompt_tokens": 1, "output_tokens": 1}}, rollout={"batch_groups": 8})
+    data = emulated_flow(
+        task={"inject": inject, "env_args": {"turns": 6, "prompt_tokens": 1, "output_tokens": 1}}, rollout={"batch_groups": 8}
+    )
     batch = flow_ideal(load_flow(data=data, overrides=["rollout.level=batch", "rollout.alpha=1"]), {"H800": 1})
     traj = flow_ideal(load_flow(data=data, overrides=["rollout.alpha=1"]), {"H800": 1})
     assert batch.terms["makespan_s"] > 1.5 * traj.terms["latency_max_s"]
@@ -113,7 +132,15 @@ def test_heavy_env_tails_cost_the_batch_level_barrier_more():
 
 def test_every_shipped_ablation_loads_and_all_its_variants_are_emulated():
     names = ablation_names()
-    assert {"fig10b_modes", "fig11a_affinity", "fig11b_weights", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward"} <= set(names)
+    assert {
+        "fig10b_modes",
+        "fig11a_affinity",
+        "fig11b_weights",
+        "fig12a_env_level",
+        "fig12b_redundancy",
+        "fig13_alpha",
+        "fig14_reward",
+    } <= set(names)
     for name in names:
         spec, path = load_ablation(name)
         for v in spec.variants:
@@ -140,10 +167,20 @@ def _rows(gaps, trajectories=16):
     t, rows = 0.0, []
     for i, g in enumerate(gaps):
         t += g
-        rows.append({"kind": "step", "elapsed_s": t, "trajectories": trajectories, "trajectory_s": {"n": 4, "mean": 0.5},
-                     "reward": {"utilisation": 0.25}, "pool_busy": {"H800": 0.5}, "buffer": {"aborted_stale": i},
-                     "tasks": {"a": {"groups": 1}, "b": {"groups": 3}},
-                     "stage_latency": {"generate": {"n": 10, "sum_s": 1.5}}, "service_s": {"generate": 0.5}})
+        rows.append(
+            {
+                "kind": "step",
+                "elapsed_s": t,
+                "trajectories": trajectories,
+                "trajectory_s": {"n": 4, "mean": 0.5},
+                "reward": {"utilisation": 0.25},
+                "pool_busy": {"H800": 0.5},
+                "buffer": {"aborted_stale": i},
+                "tasks": {"a": {"groups": 1}, "b": {"groups": 3}},
+                "stage_latency": {"generate": {"n": 10, "sum_s": 1.5}},
+                "service_s": {"generate": 0.5},
+            }
+        )
     return rows
 
 
@@ -156,11 +193,18 @@ def test_summary_and_report_put_ours_beside_the_ideal_and_the_paper(tmp_path):
         summarise(_rows([1, 1]), 1.0, 2)
     assert fraction("step_s", 4.0, 2.0) == 0.5 and fraction("throughput", 1.0, 4.0) == 0.25
     spec, _ = load_ablation("fig13_alpha")
-    results = [{"variant": v.name, "set": v.set, "time_scale": 0.5, "measured": dict(m, step_s=s),
-                "ideal": {"step_s": s / 2, "throughput": 1.0, "binding": "train"},
-                "simulated": {"step_s": s * 0.8, "trained_mix": {"a": 0.5, "b": 0.5}},
-                "cost": {"measured": {"per_step": 2.0 * s, "per_trajectory": s / 8}, "ideal": {"per_trajectory": s / 16}}}
-               for v, s in zip(spec.variants, [10, 5, 4, 4, 8])]
+    results = [
+        {
+            "variant": v.name,
+            "set": v.set,
+            "time_scale": 0.5,
+            "measured": dict(m, step_s=s),
+            "ideal": {"step_s": s / 2, "throughput": 1.0, "binding": "train"},
+            "simulated": {"step_s": s * 0.8, "trained_mix": {"a": 0.5, "b": 0.5}},
+            "cost": {"measured": {"per_step": 2.0 * s, "per_trajectory": s / 8}, "ideal": {"per_trajectory": s / 16}},
+        }
+        for v, s in zip(spec.variants, [10, 5, 4, 4, 8])
+    ]
     rows = rows_of(spec, results)
     assert [r["ours_vs_baseline"] for r in rows] == [1.0, 2.0, 2.5, 2.5, 1.25]  # speed-up of time vs α=0
     assert rows[1]["paper_vs_baseline"] == 2.05 and rows[1]["fraction_of_ideal"] == 0.5
@@ -178,15 +222,29 @@ def test_cost_of_a_hand_checkable_flow():
     2.85 + 1.00 + 2.85 + 1.00 units and the env host's $0.1785 in units; serverless bills only scored seconds."""
     from rollart_dask.tools.emulation.cost import CPU_HOST_USD_HOUR, USD_PER_UNIT_HOUR, step_cost
 
-    cfg = load_flow(data=emulated_flow(cluster={"workers": [
-        {"name": "train-0", "pools": ["H800", "TRAIN"]}, {"name": "h800-0", "pools": ["H800"]}, {"name": "h20-0", "pools": ["H20"]},
-        {"name": "cpu-0", "pools": ["CPU"]}, {"name": "reward-0", "pools": ["SERVERLESS", "REWARD"]}]}))
+    cfg = load_flow(
+        data=emulated_flow(
+            cluster={
+                "workers": [
+                    {"name": "train-0", "pools": ["H800", "TRAIN"]},
+                    {"name": "h800-0", "pools": ["H800"]},
+                    {"name": "h20-0", "pools": ["H20"]},
+                    {"name": "cpu-0", "pools": ["CPU"]},
+                    {"name": "reward-0", "pools": ["SERVERLESS", "REWARD"]},
+                ]
+            }
+        )
+    )
     workers = engine_workers(cfg)
     cpu = CPU_HOST_USD_HOUR / USD_PER_UNIT_HOUR
     assert USD_PER_UNIT_HOUR == pytest.approx(2.414, abs=1e-3)
     local = step_cost(cfg, workers, step_s=1800, trajectories=10, reward_s_per_trajectory=36)
     assert {k: round(v, 6) for k, v in local["parts"].items()} == {
-        "gpu:H800": 1.425, "gpu:TRAIN": 1.425, "gpu:REWARD": 0.5, "cpu": round(cpu / 2, 6)}  # half an hour of each (no H20 task here)
+        "gpu:H800": 1.425,
+        "gpu:TRAIN": 1.425,
+        "gpu:REWARD": 0.5,
+        "cpu": round(cpu / 2, 6),
+    }  # half an hour of each (no H20 task here)
     assert local["per_trajectory"] == pytest.approx(local["per_step"] / 10)
     cfg = load_flow(data=emulated_flow(reward={"mode": "serverless"}, cluster=cfg.cluster.model_dump()))
     serverless = step_cost(cfg, workers, step_s=1800, trajectories=10, reward_s_per_trajectory=36)
@@ -222,5 +280,7 @@ def test_report_only_reports_the_runs_already_there_and_names_a_missing_one(tmp_
         run_ablation(spec, path, tmp_path, tiny=True, report_only=True)
     spec.variants = [first]
     [r] = run_ablation(spec, path, tmp_path, tiny=True, report_only=True)
-    assert r["measured"]["step_s"] == pytest.approx(1.0 / 0.005)  # 1 s gaps at the tiny time scale and r["simulated"]["step_s"] > 0 and r["ideal"]["step_s"] > 0
+    assert r["measured"]["step_s"] == pytest.approx(
+        1.0 / 0.005
+    )  # 1 s gaps at the tiny time scale and r["simulated"]["step_s"] > 0 and r["ideal"]["step_s"] > 0
     assert (tmp_path / "results.md").is_file()

@@ -1,6 +1,7 @@
 """Accounting: whatever happens to a trajectory (finished, failed, redundant, stale, its group dropped), it ends
 in exactly one outcome, and the trained ones are exactly those that went into a batch — driven through random
 event sequences of the pure SampleBuffer."""
+
 import random
 
 import pytest

@@ -6,6 +6,7 @@ Every import counts, at module level or inside a function: a lazy import is stil
 A backend named by a "module:attr" string in a registry (data/backends.py) is not an import: that is
 how the data plane finds the emulated backends of the emulation tool without depending on it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,12 +19,37 @@ PKG = "rollart_dask"
 
 # Lowest first. A module may import its own layer and the layers below it, never one above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("vocabulary", ("rollart_dask.compat", "rollart_dask.types", "rollart_dask.resource.pools", "rollart_dask.registries", "rollart_dask.capabilities")),
-    ("config and pure parts", ("rollart_dask.config", "rollart_dask.observe", "rollart_dask.trackers", "rollart_dask.registry", "rollart_dask.declare", "rollart_dask.usercode", "rollart_dask.extras", "rollart_dask.algo", "rollart_dask.models")),
+    (
+        "vocabulary",
+        (
+            "rollart_dask.compat",
+            "rollart_dask.types",
+            "rollart_dask.resource.pools",
+            "rollart_dask.registries",
+            "rollart_dask.capabilities",
+        ),
+    ),
+    (
+        "config and pure parts",
+        (
+            "rollart_dask.config",
+            "rollart_dask.observe",
+            "rollart_dask.trackers",
+            "rollart_dask.registry",
+            "rollart_dask.declare",
+            "rollart_dask.usercode",
+            "rollart_dask.extras",
+            "rollart_dask.algo",
+            "rollart_dask.models",
+        ),
+    ),
     ("resource plane", ("rollart_dask.resource",)),
     ("data plane", ("rollart_dask.data",)),
     ("control plane", ("rollart_dask.control",)),
-    ("tools", ("rollart_dask.tools.emulation", "rollart_dask.tools.lambda_local", "rollart_dask.tools.dashboard", "rollart_dask.tools.report")),
+    (
+        "tools",
+        ("rollart_dask.tools.emulation", "rollart_dask.tools.lambda_local", "rollart_dask.tools.dashboard", "rollart_dask.tools.report"),
+    ),
     ("entry", ("rollart_dask.entry.api", "rollart_dask.entry.launch")),
     ("experiments", ("rollart_dask.tools.ablation",)),
     ("command line", ("rollart_dask.entry.cli", "rollart_dask")),
@@ -124,8 +150,12 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_no_layer_imports_a_layer_above_it():
-    upward = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
-              for a, targets in graph().items() for b in sorted(targets) if layer_of(b) > layer_of(a)]
+    upward = [
+        f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+        for a, targets in graph().items()
+        for b in sorted(targets)
+        if layer_of(b) > layer_of(a)
+    ]
     assert upward == []
 
 
@@ -138,8 +168,11 @@ def test_envs_and_rewards_never_import_the_runtime(top):
         assert not [m for m in names if m == PKG or m.startswith(PKG + ".")], f"{name} imports the runtime"
         # installed as rollart_dask.envs / rollart_dask.rewards: a relative import may reach the other one, no further
         depth = name.count(".") + (path.name == "__init__.py")
-        beyond = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > depth
-                  and not (n.module or "").startswith(("envs", "rewards"))]
+        beyond = [
+            n.module
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.level > depth and not (n.module or "").startswith(("envs", "rewards"))
+        ]
         assert not beyond, f"{name} imports {beyond} from the runtime"
 
 
@@ -180,4 +213,7 @@ def test_no_module_reads_a_private_attribute_of_run_outside_run_py():
             if name != f"{PKG}.control.run":
                 found += private_run_reads(path.read_text(), str(path.relative_to(ROOT)))
     assert found == []
-    assert private_run_reads("await self.run._fatal.wait()\nrun._stopped = 1\nrun.stopped\n") == ["<source>:1 ._fatal", "<source>:2 ._stopped"]
+    assert private_run_reads("await self.run._fatal.wait()\nrun._stopped = 1\nrun.stopped\n") == [
+        "<source>:1 ._fatal",
+        "<source>:2 ._stopped",
+    ]

@@ -1,4 +1,5 @@
 """SampleBuffer: groups, redundancy, staleness, replacement — pure, no cluster."""
+
 from rollart_dask.control.buffer import SampleBuffer
 from rollart_dask.types import Trajectory
 

@@ -1,5 +1,6 @@
 """Workload calibration without a cluster: the env-cost model on hand-computed cases, the shipped workload
 holding the paper's facts (Fig. 3–6), and each fact failing when the workload breaks its premise."""
+
 import shutil
 from pathlib import Path
 
@@ -57,14 +58,27 @@ def _task(data: dict, name: str) -> dict:
     return next(t for t in data["tasks"] if t["name"] == name)
 
 
-@pytest.mark.parametrize("figure, index, change", [
-    # FrozenLake with long answers and short observations is decode-bound: H20 generates it faster
-    ("Fig. 4", 0, lambda d: _task(d, "frozenlake")["env_args"].update(obs_tokens=150, output_tokens={"median": 120, "sigma": 0.5, "min": 16, "max": 2048})),
-    # a swe reset of a constant 20 s has no tail at all
-    ("Fig. 5", 2, lambda d: _task(d, "swe")["inject"].update(reset_latency={"dist": "constant", "s": 20})),
-    # steps as slow as the resets: their wave, not env.reset, dominates the rollout
-    ("Fig. 3", 4, lambda d: _task(d, "swe")["inject"].update(step_latency={"dist": "lognormal", "median_s": 3, "sigma": 1.0, "cap_s": 120})),
-])
+@pytest.mark.parametrize(
+    "figure, index, change",
+    [
+        # FrozenLake with long answers and short observations is decode-bound: H20 generates it faster
+        (
+            "Fig. 4",
+            0,
+            lambda d: _task(d, "frozenlake")["env_args"].update(
+                obs_tokens=150, output_tokens={"median": 120, "sigma": 0.5, "min": 16, "max": 2048}
+            ),
+        ),
+        # a swe reset of a constant 20 s has no tail at all
+        ("Fig. 5", 2, lambda d: _task(d, "swe")["inject"].update(reset_latency={"dist": "constant", "s": 20})),
+        # steps as slow as the resets: their wave, not env.reset, dominates the rollout
+        (
+            "Fig. 3",
+            4,
+            lambda d: _task(d, "swe")["inject"].update(step_latency={"dist": "lognormal", "median_s": 3, "sigma": 1.0, "cap_s": 120}),
+        ),
+    ],
+)
 def test_a_workload_against_a_fact_fails_it(tmp_path, figure, index, change):
     facts_path = _copy(tmp_path)
     _edit(facts_path.parent / "multitask.yaml", change)

@@ -1,6 +1,7 @@
 """Pinned calls and their answers travel over the dispatcher's own comm to each worker (data/channels.py), not
 through the scheduler: what happens when that comm breaks, when a task finds no channel, when nothing answers;
 and that each batch still shows in the scheduler's task stream and its span's fine performance metrics."""
+
 import asyncio
 import pickle
 import time
@@ -17,8 +18,14 @@ from rollart_dask.resource.pools import PoolMap, submit_kwargs
 
 
 def _reset(name: str, seconds: float = 0.0) -> dict:
-    return {"traj_id": name, "env": "synthetic", "env_args": {}, "seed": 1, "member": "0",
-            "inject": {"reset_latency": {"dist": "constant", "s": seconds}, "time_scale": 1.0}}
+    return {
+        "traj_id": name,
+        "env": "synthetic",
+        "env_args": {},
+        "seed": 1,
+        "member": "0",
+        "inject": {"reset_latency": {"dist": "constant", "s": seconds}, "time_scale": 1.0},
+    }
 
 
 async def _env_worker(client) -> str:
@@ -41,6 +48,7 @@ async def _dispatcher(address):
 def test_a_broken_channel_fails_its_open_calls_and_the_next_call_opens_a_new_one(address, run_async):
     async def go():
         async with _dispatcher(address) as (client, cpu, d):
+
             def call(name, s):
                 return d.call("env-reset", tasks.env_reset_stream, _reset(name, s), pool="CPU", worker=cpu, timeout=60, streamed=True)
 
@@ -81,8 +89,7 @@ def test_a_call_nobody_answers_times_out_on_time(address, run_async):
         async with _dispatcher(address) as (client, cpu, d):
             t0 = time.monotonic()
             with pytest.raises(TimeoutError, match="env-reset on .* gave no answer in 1s"):
-                await d.call("env-reset", tasks.env_reset_stream, _reset("late", 4.0), pool="CPU", worker=cpu, timeout=1.0,
-                             streamed=True)
+                await d.call("env-reset", tasks.env_reset_stream, _reset("late", 4.0), pool="CPU", worker=cpu, timeout=1.0, streamed=True)
             return time.monotonic() - t0, d._deadlines
 
     took, deadlines = run_async(go(), timeout=120)
@@ -106,8 +113,7 @@ def test_each_batch_shows_in_the_task_stream_and_in_its_span(address, run_async)
             with span("channels-test") as span_id:
                 await client.submit(int, 1, pure=False)  # a span the scheduler knows holds a task
                 for name in ("a", "b", "c"):
-                    await d.call("env-reset", tasks.env_reset_stream, _reset(name, 0.05), pool="CPU", worker=cpu, timeout=60,
-                                 streamed=True)
+                    await d.call("env-reset", tasks.env_reset_stream, _reset(name, 0.05), pool="CPU", worker=cpu, timeout=60, streamed=True)
             for _ in range(50):  # reports leave the worker about once a second
                 stream = [r for r in await client.get_task_stream(start=t0) if key_split(r["key"]) == "env-reset"]
                 seconds = await client.run_on_scheduler(_batch_seconds, span_id=span_id)

@@ -1,6 +1,7 @@
 """The chaos suite's scenarios at tiny scale, each a real quickstart run on the embedded default with its faults
 fired: the run completes, nothing is lost (every launched trajectory in one outcome, every batch full, none
 trained twice or without its reward) and nothing leaks (every env made is closed, no sandbox process left)."""
+
 import json
 import subprocess
 import sys
@@ -13,18 +14,37 @@ from rollart_dask.tools.chaos.scenarios import SCENARIOS
 
 BUDGET = ("trainer.steps=6", "rollout.batch_groups=4", "eval.every=0", "eval.seeds=6", "observe.progress=false")
 # the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 20 minutes
-SLOW = {"env-faults", "reward-endpoint-faults", "process-kill-resume", "code-env-worker-restart", "mooncake-master-restart",
-        "scheduler-connection-drop", "reward-worker-lost", "checkpoint-disk-full", "trainer-worker-restart-mid-update"}
+SLOW = {
+    "env-faults",
+    "reward-endpoint-faults",
+    "process-kill-resume",
+    "code-env-worker-restart",
+    "mooncake-master-restart",
+    "scheduler-connection-drop",
+    "reward-worker-lost",
+    "checkpoint-disk-full",
+    "trainer-worker-restart-mid-update",
+}
 # what each scenario must have made the runtime do (beyond completing with nothing lost)
-EXPECT = {"env-worker-restart": {"workers_lost": 1, "relaunched": 1}, "env-worker-lost": {"workers_lost": 1},
-          "env-worker-lost-mid-train": {"workers_lost": 1}, "reward-worker-restart": {"workers_lost": 1}, "reward-worker-lost": {"workers_lost": 1, "reward_errors": 1},
-          "engine-worker-restart": {"engines_lost": 1, "engines_joined": 1}, "engine-worker-restart-mid-update": {"engines_lost": 1, "engines_joined": 1},
-          "elastic-engine": {"engines_joined": 1, "engines_lost": 1}, "elastic-env": {"workers_lost": 1},
-          "env-faults": {"failed": 1, "relaunched": 1}, "checkpoint-disk-full": {"checkpoint_failed": 2},
-          "scheduler-connection-drop": {"scheduler_reconnects": 3, "train_resubmitted": 1},
-          "code-env-worker-restart": {"workers_lost": 1, "relaunched": 1},
-          **{name: {"trainer_recovered": 1, "trainer_replay_identical": 1, "steps_redone": 1}
-             for name in ("trainer-worker-restart", "trainer-worker-restart-mid-update", "trainer-worker-lost")}}
+EXPECT = {
+    "env-worker-restart": {"workers_lost": 1, "relaunched": 1},
+    "env-worker-lost": {"workers_lost": 1},
+    "env-worker-lost-mid-train": {"workers_lost": 1},
+    "reward-worker-restart": {"workers_lost": 1},
+    "reward-worker-lost": {"workers_lost": 1, "reward_errors": 1},
+    "engine-worker-restart": {"engines_lost": 1, "engines_joined": 1},
+    "engine-worker-restart-mid-update": {"engines_lost": 1, "engines_joined": 1},
+    "elastic-engine": {"engines_joined": 1, "engines_lost": 1},
+    "elastic-env": {"workers_lost": 1},
+    "env-faults": {"failed": 1, "relaunched": 1},
+    "checkpoint-disk-full": {"checkpoint_failed": 2},
+    "scheduler-connection-drop": {"scheduler_reconnects": 3, "train_resubmitted": 1},
+    "code-env-worker-restart": {"workers_lost": 1, "relaunched": 1},
+    **{
+        name: {"trainer_recovered": 1, "trainer_replay_identical": 1, "steps_redone": 1}
+        for name in ("trainer-worker-restart", "trainer-worker-restart-mid-update", "trainer-worker-lost")
+    },
+}
 
 
 def scenario_params():
@@ -58,9 +78,27 @@ def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path):
 
 @pytest.mark.slow
 def test_rollart_chaos_prints_the_table_and_writes_the_results(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "chaos", "flows/quickstart.yaml", "--scenario", "env-worker-restart",
-                          "--steps", "4", "--out", str(tmp_path), "--set", "rollout.batch_groups=4"],
-                         capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "COLUMNS": "250"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollart_dask.entry.cli",
+            "chaos",
+            "flows/quickstart.yaml",
+            "--scenario",
+            "env-worker-restart",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "rollout.batch_groups=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "COLUMNS": "250"},
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())
     assert [r["scenario"] for r in rows] == ["baseline", "env-worker-restart"] and all(r["completed"] for r in rows)
@@ -71,8 +109,12 @@ def test_rollart_chaos_prints_the_table_and_writes_the_results(tmp_path):
 def test_a_final_checkpoint_that_cannot_be_written_ends_the_run_saying_where_and_what_is_left(tmp_path):
     from rollart_dask.tools.chaos.scenarios import TRAINER, Fault, Scenario
 
-    full = Scenario("disk-full-to-the-end", "the disk full for the checkpoints from the start", (Fault("fill_disk", TRAINER, "rollout", 0, 0.0),),
-                    overrides=("trainer.checkpoint_every=2",))
+    full = Scenario(
+        "disk-full-to-the-end",
+        "the disk full for the checkpoints from the start",
+        (Fault("fill_disk", TRAINER, "rollout", 0, 0.0),),
+        overrides=("trainer.checkpoint_every=2",),
+    )
     row = run_scenario(load_flow("flows/quickstart.yaml"), full, tmp_path, seed=1, budget=("trainer.steps=2", *BUDGET[1:]))
     assert not row["completed"] and not row["inject_errors"], row
     assert "final checkpoint could not be written" in row["error"] and "after 3 tries" in row["error"], row["error"]
@@ -84,7 +126,14 @@ def test_the_table_compares_seconds_per_planned_step_and_marks_a_failed_run():
     from rollart_dask.tools.chaos.suite import cells
 
     base = {"scenario": "baseline", "completed": True, "elapsed_s": 5.0, "steps_planned": 10, "samples_lost": 0}
-    longer = {"scenario": "elastic-env", "completed": True, "elapsed_s": 18.0, "steps_planned": 24, "samples_lost": 0, "faults": ["add worker"]}
+    longer = {
+        "scenario": "elastic-env",
+        "completed": True,
+        "elapsed_s": 18.0,
+        "steps_planned": 24,
+        "samples_lost": 0,
+        "faults": ["add worker"],
+    }
     failed = {"scenario": "x", "completed": False, "error": "TimeoutError: it hangs", "elapsed_s": 240.0, "steps_planned": 6}
     assert cells(base, base)[5] == "1.00×" and cells(longer, base)[5] == "1.50×"  # 0.75 s/step against 0.5 s/step
     assert cells(failed, base)[2] == "no: TimeoutError: it hangs" and cells(failed, base)[3] == cells(failed, base)[5] == "–"

@@ -1,4 +1,5 @@
 """The CLI end to end, as a user runs it: embedded cluster, tiny budgets."""
+
 import json
 import subprocess
 import sys
@@ -17,8 +18,13 @@ def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
     from test_trackers_on_cpu import isolated_env, read_mlflow, read_wandb, triples_of_jsonl
 
     out = tmp_path / "run"
-    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=3", "--set", "observe.loggers=[tensorboard,wandb,mlflow]", *TINY],
-                         capture_output=True, text=True, timeout=400, env=isolated_env(tmp_path))
+    res = subprocess.run(
+        [*RUN, "--out", str(out), "--set", "trainer.steps=3", "--set", "observe.loggers=[tensorboard,wandb,mlflow]", *TINY],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=isolated_env(tmp_path),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "held-out frozenlake success" in res.stderr and "quickstart — summary" in res.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
@@ -51,7 +57,9 @@ def test_rollart_run_writes_metrics_config_and_checkpoint(tmp_path):
     assert {f.split("/")[-1] for f in m_ckpt} >= final and m_flow["_effective"]["engine_backend"] == "torch"
 
     # --resume continues from the checkpoint's version, and from its weights
-    res = subprocess.run([*RUN, "--out", str(out), "--resume", "--set", "trainer.steps=1", *TINY], capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        [*RUN, "--out", str(out), "--resume", "--set", "trainer.steps=1", *TINY], capture_output=True, text=True, timeout=400
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "resumed from" in res.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
@@ -79,8 +87,24 @@ def distance(a: dict, b: dict) -> float:
 def test_quickstart_learns_a_little(tmp_path):
     """A short quickstart: the training reward must rise (the full held-out target is a README measurement)."""
     out = tmp_path / "learn"
-    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=40", "--set", "eval.seeds=20", "--set", "eval.every=0",
-                          "--set", "observe.progress=false"], capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            *RUN,
+            "--out",
+            str(out),
+            "--set",
+            "trainer.steps=40",
+            "--set",
+            "eval.seeds=20",
+            "--set",
+            "eval.every=0",
+            "--set",
+            "observe.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     steps = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     steps = [r for r in steps if r["kind"] == "step"]
@@ -91,8 +115,25 @@ def test_quickstart_learns_a_little(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_runs_both_modes(tmp_path):
-    res = subprocess.run([sys.executable, "benchmarks/sync_vs_rollart.py", "--minutes", "0.3", "--target", "0.0", "--out", str(tmp_path),
-                          "--set", "eval.seeds=10", "--set", "rollout.batch_groups=4"], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/sync_vs_rollart.py",
+            "--minutes",
+            "0.3",
+            "--target",
+            "0.0",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "eval.seeds=10",
+            "--set",
+            "rollout.batch_groups=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) == {"sync", "rollart α=1"}
@@ -102,9 +143,27 @@ def test_benchmark_runs_both_modes(tmp_path):
 @pytest.mark.slow
 def test_staleness_grid_runs_a_cell_and_its_restart_twin(tmp_path):
     """benchmarks/staleness_grid.py at a tiny budget: eager α=4 with tis, continued and restarted, each with its tokens."""
-    res = subprocess.run([sys.executable, "benchmarks/staleness_grid.py", "--alpha", "4", "--correction", "tis", "--minutes", "0.3",
-                          "--out", str(tmp_path), "--set", "eval.seeds=10", "--set", "rollout.batch_groups=4"],
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/staleness_grid.py",
+            "--alpha",
+            "4",
+            "--correction",
+            "tis",
+            "--minutes",
+            "0.3",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "eval.seeds=10",
+            "--set",
+            "rollout.batch_groups=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) == {"α=4 tis continue", "α=4 tis restart"}
@@ -117,8 +176,27 @@ def test_staleness_grid_runs_a_cell_and_its_restart_twin(tmp_path):
 def test_scale_benchmark_measures_a_shape_beside_its_simulated_policy(tmp_path):
     """benchmarks/scale.py at a tiny budget: the paper's cluster shape (128 EMULATED GPUs) with a 4-group batch, its
     CPU workers sized to what it holds in flight, measured beside its simulated policy and ideal."""
-    res = subprocess.run([sys.executable, "benchmarks/scale.py", "--shape", "paper", "--steps", "4", "--warmup", "1", "--time-scale", "0.01",
-                          "--out", str(tmp_path), "--set", "rollout.batch_groups=40"], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/scale.py",
+            "--shape",
+            "paper",
+            "--steps",
+            "4",
+            "--warmup",
+            "1",
+            "--time-scale",
+            "0.01",
+            "--out",
+            str(tmp_path),
+            "--set",
+            "rollout.batch_groups=40",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     [r] = json.loads((tmp_path / "results.json").read_text())
     assert r["shape"] == "paper" and r["in_flight_max"] == 640 and r["cpu_workers"] == 2  # 640 envs: two hosts of 512 threads
@@ -129,8 +207,12 @@ def test_scale_benchmark_measures_a_shape_beside_its_simulated_policy(tmp_path):
 def _trained(tmp_path):
     """A 2-step quickstart run, checkpointed at each step: (its OUT, its last held-out evaluation row)."""
     out = tmp_path / "run"
-    res = subprocess.run([*RUN, "--out", str(out), "--set", "trainer.steps=2", "--set", "trainer.checkpoint_every=1", *TINY],
-                         capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        [*RUN, "--out", str(out), "--set", "trainer.steps=2", "--set", "trainer.checkpoint_every=1", *TINY],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"checkpoint:  {(out / 'checkpoints' / 'step-2').resolve()}\n" in res.stderr  # whole, on one line, to copy
     return out, [json.loads(line) for line in (out / "metrics.jsonl").open() if '"kind": "eval"' in line][-1]
@@ -153,8 +235,9 @@ def test_rollart_eval_agrees_with_the_runs_held_out_figure_and_rollart_runs_list
     assert lo <= theirs["success"] <= hi and lo < hi, (fig, theirs)  # the run's own figure lies within this one's interval
     assert "success step-2 (v2) [95% CI]" in res.stderr and "held-out range" in res.stderr
 
-    res = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "runs", str(tmp_path)], capture_output=True, text=True, timeout=120,
-                         env=WIDE)
+    res = subprocess.run(
+        [sys.executable, "-m", "rollart_dask.entry.cli", "runs", str(tmp_path)], capture_output=True, text=True, timeout=120, env=WIDE
+    )
     listed = [line for line in res.stderr.splitlines() if str(out) + " " in line]
     assert res.returncode == 0 and len(listed) == 1 and "2 (2)" in listed[0], res.stderr
     assert f"frozenlake {theirs['success']:.2f} @v2" in listed[0] and res.stderr.count("evaluation only") == 1, res.stderr
@@ -167,8 +250,21 @@ def test_rollart_eval_agrees_with_the_runs_held_out_figure_and_rollart_runs_list
 def test_rollart_eval_compares_two_checkpoints_seed_by_seed_on_an_unseen_range(tmp_path):
     out, _ = _trained(tmp_path)
     unseen = ["--start", "5000", "--seeds", "6"]
-    res = subprocess.run([*EVAL, str(out / "checkpoints" / "step-2"), "--compare", str(out / "checkpoints" / "step-1"), *unseen,
-                          "--out", str(tmp_path / "cmp")], capture_output=True, text=True, timeout=600, env=WIDE)
+    res = subprocess.run(
+        [
+            *EVAL,
+            str(out / "checkpoints" / "step-2"),
+            "--compare",
+            str(out / "checkpoints" / "step-1"),
+            *unseen,
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=WIDE,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     written = json.loads((tmp_path / "cmp" / "eval.json").read_text())
     a, b = written["results"]
@@ -208,8 +304,9 @@ def test_sigterm_stops_a_run_cleanly_and_sigkill_leaves_no_scheduler(tmp_path):
     for sig in (signal.SIGTERM, signal.SIGKILL):
         out = tmp_path / sig.name
         log = (tmp_path / f"{sig.name}.log").open("w")
-        proc = subprocess.Popen([*RUN, "--out", str(out), "--set", "trainer.steps=200", *TINY], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [*RUN, "--out", str(out), "--set", "trainer.steps=200", *TINY], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             _started(proc, out)
             children = _descendants(proc.pid)

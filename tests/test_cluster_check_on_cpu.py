@@ -1,4 +1,5 @@
 """`rollart cluster check`'s logic on scheduler snapshots (no cluster)."""
+
 from rollart_dask.resource.check import ANY_ENGINE, check_cluster, pools_table
 from rollart_dask.config import load_flow
 from tests.conftest import flow_dict
@@ -8,8 +9,12 @@ BIG = 1_000_000
 
 def info(**workers) -> dict:
     """A scheduler identity snapshot: worker name → its pool tags."""
-    return {"workers": {f"tcp://10.0.0.{i}:4000": {"name": name, "nthreads": 2, "resources": {p: BIG for p in pools}}
-                        for i, (name, pools) in enumerate(workers.items())}}
+    return {
+        "workers": {
+            f"tcp://10.0.0.{i}:4000": {"name": name, "nthreads": 2, "resources": {p: BIG for p in pools}}
+            for i, (name, pools) in enumerate(workers.items())
+        }
+    }
 
 
 FULL = {"train_0": ["H800", "TRAIN"], "h800_0": ["H800"], "h20_0": ["H20"], "cpu_0": ["CPU"], "reward_0": ["SERVERLESS", "REWARD"]}
@@ -43,7 +48,9 @@ def test_affinity_any_needs_some_engine_pool():
     assert problems == [] and rows_by_pool(rows)["H800"].ok and rows_by_pool(rows)["H20"].ok
     cl = {k: v for k, v in FULL.items() if k not in ("h800_0", "h20_0")}
     rows, problems = check_cluster(info(**cl), cfg)
-    assert rows_by_pool(rows)[ANY_ENGINE].ok is False and problems == [f"pool {ANY_ENGINE} (engine for task fl (affinity any)) has no worker"]
+    assert rows_by_pool(rows)[ANY_ENGINE].ok is False and problems == [
+        f"pool {ANY_ENGINE} (engine for task fl (affinity any)) has no worker"
+    ]
 
 
 def test_stateful_rewards_need_the_reward_pool_even_when_serverless():

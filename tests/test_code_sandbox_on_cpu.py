@@ -4,6 +4,7 @@ The isolation tests run against the subprocess backend always, and against the d
 when a private dockerd can be started here (session fixture: `dockerd` installed, root); the
 image is built from local files by deploy/docker/build-sandbox-image.sh.
 """
+
 import ast
 import json
 import os
@@ -18,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from rollart_dask.envs.code_sandbox import (FAMILIES, CodeSandboxEnv, DockerSandbox, Limits, SandboxUnavailable, extract_code,
-                               make_problem, make_sandbox)
+from rollart_dask.envs.code_sandbox import (
+    FAMILIES,
+    CodeSandboxEnv,
+    DockerSandbox,
+    Limits,
+    SandboxUnavailable,
+    extract_code,
+    make_problem,
+    make_sandbox,
+)
 from rollart_dask.rewards.code import handler, reward
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +53,9 @@ def docker_host():
         started = subprocess.run([str(DEPLOY / "start-dockerd.sh"), "start", state], capture_output=True, text=True, timeout=90)
         assert started.returncode == 0, f"private dockerd did not start: {started.stderr}"
         host = started.stdout.strip()
-        built = subprocess.run([str(DEPLOY / "build-sandbox-image.sh")], capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "DOCKER_HOST": host})
+        built = subprocess.run(
+            [str(DEPLOY / "build-sandbox-image.sh")], capture_output=True, text=True, timeout=300, env={**os.environ, "DOCKER_HOST": host}
+        )
         assert built.returncode == 0, f"image build failed: {built.stderr[-2000:]}"
         yield host
     finally:
@@ -157,8 +167,13 @@ def test_wrong_solution_gets_partial_then_zero_and_multi_turn_feedback():
 def test_verdicts_for_broken_code():
     env = CodeSandboxEnv(backend="subprocess")
     try:
-        for code, verdict in [("def f(:\n", "syntax_error"), ("def other(x):\n    return x\n", "error"), ("raise KeyError('k')", "failed"),
-                              ("import os\nos.kill(os.getpid(), 11)", "killed"), ("x" * 5000, "too_long")]:
+        for code, verdict in [
+            ("def f(:\n", "syntax_error"),
+            ("def other(x):\n    return x\n", "error"),
+            ("raise KeyError('k')", "failed"),
+            ("import os\nos.kill(os.getpid(), 11)", "killed"),
+            ("x" * 5000, "too_long"),
+        ]:
             obs, info, _ = attempt(env, code)
             assert info["verdict"] == verdict and info["tests_passed"] == 0, (code[:20], obs)
     finally:
@@ -187,14 +202,17 @@ def test_no_network(env):
     server.settimeout(0.5)
     port = server.getsockname()[1]
     try:
-        res = run_script(env.sandbox, f"""
+        res = run_script(
+            env.sandbox,
+            f"""
             import socket
             try:
                 socket.create_connection(("127.0.0.1", {port}), timeout=2)
                 print("CONNECTED")
             except OSError as e:
                 print("BLOCKED", e)
-        """)
+        """,
+        )
         assert "BLOCKED" in res.output and "CONNECTED" not in res.output, res.output
         with pytest.raises(socket.timeout):
             server.accept()
@@ -206,7 +224,9 @@ def test_no_network(env):
 def test_writes_only_in_scratch(env):
     tag = f"sandbox-probe-{os.getpid()}-{time.monotonic_ns()}"
     outside = [f"/tmp/{tag}", f"/dev/shm/{tag}", str(REPO / tag), os.path.join(os.path.expanduser("~"), tag), f"/{tag}"]
-    res = run_script(env.sandbox, f"""
+    res = run_script(
+        env.sandbox,
+        f"""
         import json
         results = {{}}
         for path in {outside!r} + ["inside.txt"]:
@@ -218,7 +238,8 @@ def test_writes_only_in_scratch(env):
                 results[path] = "denied"
         results["read back"] = open("inside.txt").read()
         print(json.dumps(results))
-    """)
+    """,
+    )
     results = json.loads(res.output.strip().splitlines()[-1])
     assert (results.pop("inside.txt"), results.pop("read back")) == ("written", "x")
     assert set(results.values()) == {"denied"}, results
@@ -317,9 +338,17 @@ def test_unprivileged_user_isolated_or_clear_error(tmp_path):
         print(json.dumps({{"out": res.output.strip().splitlines()[-1], "loop_signal": loop.signal}}))
         sb.close()
     """)
-    proc = subprocess.run(["/usr/bin/python3", "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(scratch_root)},
-                          user=65534, group=65534, extra_groups=[])
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(scratch_root)},
+        user=65534,
+        group=65534,
+        extra_groups=[],
+    )
     shutil.rmtree(scratch_root, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -327,8 +356,7 @@ def test_unprivileged_user_isolated_or_clear_error(tmp_path):
         assert "user namespaces" in result["unavailable"]
         return
     out = ast.literal_eval(result["out"])
-    assert out == {"/tmp/x": "denied", str(scratch_root / "x"): "denied", "inside": "written", "net": "blocked",
-                   "fork": "limited"}
+    assert out == {"/tmp/x": "denied", str(scratch_root / "x"): "denied", "inside": "written", "net": "blocked", "fork": "limited"}
     assert result["loop_signal"] in (24, 9)  # SIGXCPU, or SIGKILL at the hard limit
 
 
@@ -358,7 +386,9 @@ def test_no_unix_socket_of_the_host_is_reachable(jail, tmp_path):
             s.listen(1)
             s.setblocking(False)
             servers.append(s)
-        res = run_script(jail, f"""
+        res = run_script(
+            jail,
+            f"""
             import json, os, socket
             out = {{}}
             for p in {paths!r} + ["\\0rollart-probe-{os.getpid()}"]:
@@ -369,7 +399,8 @@ def test_no_unix_socket_of_the_host_is_reachable(jail, tmp_path):
                     out[p] = type(e).__name__
             out["groups"] = os.getgroups() if os.getuid() != {os.getuid()} else "own uid"
             print(json.dumps(out))
-        """)
+        """,
+        )
         out = json.loads(res.output.strip().splitlines()[-1])
         assert "connected" not in out.values(), out
         if os.geteuid() == 0:
@@ -395,20 +426,23 @@ def test_home_is_hidden_even_when_the_interpreter_lives_there(tmp_path):
             sandboxes.append(make_sandbox("subprocess", Limits(**FAST), python=python))
         for sb in sandboxes:
             try:
-                res = run_script(sb, f"""
+                res = run_script(
+                    sb,
+                    f"""
                     import os, sys
                     try:
                         print("READ", open({str(secret)!r}).read())
                     except OSError as e:
                         print("HIDDEN", type(e).__name__)
                     print(sorted(os.listdir({str(home)!r})) if os.path.isdir({str(home)!r}) else "no home")
-                """)
+                """,
+                )
             finally:
                 sb.close()
             lines = res.output.strip().splitlines()
             assert lines[0].startswith("HIDDEN"), res.output
             shown = sb.python.startswith(str(home) + "/")
-            assert lines[1] == (repr([sb.python[len(str(home)) + 1:].split("/")[0]]) if shown else "no home"), res.output
+            assert lines[1] == (repr([sb.python[len(str(home)) + 1 :].split("/")[0]]) if shown else "no home"), res.output
     finally:
         secret.unlink()
 
@@ -432,7 +466,9 @@ def test_an_interpreter_installed_at_home_itself_is_refused(tmp_path, monkeypatc
 def test_fork_and_allocate_past_the_total_memory_cap():
     sb = make_sandbox("subprocess", Limits(cpu_s=5, wall_s=20.0, memory_mb=400, total_memory_mb=160, nproc=16))
     try:
-        res = run_script(sb, """
+        res = run_script(
+            sb,
+            """
             import os, time
             kids = []
             for _ in range(4):  # 4 x 100 MB, each under the per-process limit, 400 MB in all
@@ -443,7 +479,8 @@ def test_fork_and_allocate_past_the_total_memory_cap():
                     os._exit(0)
                 kids.append(pid)
             print("children:", [os.waitpid(k, 0)[1] for k in kids])
-        """)
+        """,
+        )
     finally:
         sb.close()
     if res.caps == "rlimits":
@@ -455,7 +492,9 @@ def test_fork_and_allocate_past_the_total_memory_cap():
 def test_filling_the_scratch_stops_at_its_size():
     sb = make_sandbox("subprocess", Limits(**FAST, scratch_mb=8, fsize_mb=4))
     try:
-        res = run_script(sb, """
+        res = run_script(
+            sb,
+            """
             import errno
             n = 0
             try:
@@ -465,7 +504,8 @@ def test_filling_the_scratch_stops_at_its_size():
                     n += 1
             except OSError as e:
                 print(n, errno.errorcode[e.errno])
-        """)
+        """,
+        )
     finally:
         sb.close()
     mb, err = res.output.split()[-2:]

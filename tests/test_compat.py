@@ -1,4 +1,5 @@
 """distributed's private API lives in rollart_dask/compat alone, and a release without one of its hooks fails loudly."""
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,19 @@ from rollart_dask.compat.hooks import HOOKS, DistributedIncompatible, check, res
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC_SUBMODULES = {"distributed.security", "distributed.diagnostics.plugin"}  # documented in distributed's API reference
-PRIVATE_ATTRIBUTES = {"_reconnect", "_ensure_connected", "_timeout", "scheduler_comm", "handlers", "_cumulative_worker_metrics",
-                      "_instances", "_correct_state", "dont_reply", "closing_gracefully", "http_application"}
+PRIVATE_ATTRIBUTES = {
+    "_reconnect",
+    "_ensure_connected",
+    "_timeout",
+    "scheduler_comm",
+    "handlers",
+    "_cumulative_worker_metrics",
+    "_instances",
+    "_correct_state",
+    "dont_reply",
+    "closing_gracefully",
+    "http_application",
+}
 
 
 def test_every_hook_resolves_on_the_installed_release():
@@ -61,7 +73,9 @@ def test_private_names_of_distributed_appear_only_in_compat():
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             where = f"{f.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("distributed", "bokeh"):
-                if node.module.startswith("bokeh.server") or (node.module.startswith("distributed.") and node.module not in PUBLIC_SUBMODULES):
+                if node.module.startswith("bokeh.server") or (
+                    node.module.startswith("distributed.") and node.module not in PUBLIC_SUBMODULES
+                ):
                     found.append(f"{where} from {node.module} import …")
             elif isinstance(node, ast.Attribute) and node.attr in PRIVATE_ATTRIBUTES:
                 found.append(f"{where} .{node.attr}")
@@ -73,7 +87,9 @@ def test_the_guard_sees_a_private_use(tmp_path, monkeypatch):
     planted = ROOT / "rollart_dask" / "_planted_private_use.py"
     planted.write_text("from distributed.batched import BatchedSend\n\ndef f(client):\n    return client.scheduler_comm\n")
     try:
-        with pytest.raises(AssertionError, match=r"_planted_private_use.py:1 from distributed.batched(.|\n)*_planted_private_use.py:4 \.scheduler_comm"):
+        with pytest.raises(
+            AssertionError, match=r"_planted_private_use.py:1 from distributed.batched(.|\n)*_planted_private_use.py:4 \.scheduler_comm"
+        ):
             test_private_names_of_distributed_appear_only_in_compat()
     finally:
         planted.unlink()

@@ -31,11 +31,14 @@ def test_bad_number_names_key():
     assert "rollout.group_size" in str(e.value)
 
 
-@pytest.mark.parametrize("mode,alpha,level,needle", [
-    ("sync", 1, None, "rollout.mode=sync requires rollout.alpha=0"),
-    ("sync", 0, "trajectory", "rollout.mode=sync requires"),
-    ("one_off", 2, None, "rollout.mode=one_off requires rollout.alpha=1"),
-])
+@pytest.mark.parametrize(
+    "mode,alpha,level,needle",
+    [
+        ("sync", 1, None, "rollout.mode=sync requires rollout.alpha=0"),
+        ("sync", 0, "trajectory", "rollout.mode=sync requires"),
+        ("one_off", 2, None, "rollout.mode=one_off requires rollout.alpha=1"),
+    ],
+)
 def test_mode_rules(mode, alpha, level, needle):
     over = {"rollout.mode": mode, "rollout.alpha": alpha}
     if level:

@@ -1,5 +1,6 @@
 """The written contracts (data/contracts.py) against every registered backend, the registries that
 choose backends, advantages and losses by name, and the flow keys that choose them."""
+
 import ast
 import inspect
 from pathlib import Path
@@ -62,6 +63,7 @@ def test_registries_hold_the_backends_the_flow_schema_allows():
 
 def test_conformance_reports_what_breaks_the_contract():
     """The checker itself: each way of breaking a contract is reported, naming the member."""
+
     class Broken:
         version: int
 
@@ -82,8 +84,13 @@ def test_conformance_reports_what_breaks_the_contract():
             ...
 
     problems = "\n".join(contracts.conformance(Broken, contracts.Trainer))
-    for expected in ("train_step: parameter 1 must be 'samples'", "state_dict: extra parameter 'full'", "save_checkpoint: takes **_ignored",
-                     "restore: parameter 1 must be 'path'", "warm_start: 'seed' needs a default"):
+    for expected in (
+        "train_step: parameter 1 must be 'samples'",
+        "state_dict: extra parameter 'full'",
+        "save_checkpoint: takes **_ignored",
+        "restore: parameter 1 must be 'path'",
+        "warm_start: 'seed' needs a default",
+    ):
         assert expected in problems
     assert "version" not in problems
 
@@ -92,7 +99,8 @@ def test_conformance_reports_what_breaks_the_contract():
 
     assert any("NoVersion.version: missing" in p for p in contracts.conformance(NoVersion, contracts.Trainer))
     assert contracts.conformance(type("Plain", (), {"from_config": lambda self, cfg: None}), contracts.TrainerBackend) == [
-        "Plain.from_config: must be a classmethod"]
+        "Plain.from_config: must be a classmethod"
+    ]
 
 
 # -- instances built from the flow's sections ------------------------------------------------------------
@@ -115,9 +123,15 @@ def test_cheap_backends_built_from_config_are_instances_of_the_contracts(model_d
 
 
 def test_emulated_engine_plugin_builds_the_pool_of_its_worker(model_dir):
-    cfg = load_flow(data=flow_dict(**{"engine.backend": "emulated", "trainer.backend": "emulated",
-                                      "emulation": {"time_scale": 0, "pools": {"H800": {"gpu": "H800", "gpus": 8, "tp": 2},
-                                                                               "H20": {"gpu": "H20", "gpus": 0}}}}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "engine.backend": "emulated",
+                "trainer.backend": "emulated",
+                "emulation": {"time_scale": 0, "pools": {"H800": {"gpu": "H800", "gpus": 8, "tp": 2}, "H20": {"gpu": "H20", "gpus": 0}}},
+            }
+        )
+    )
     plugin = plugins.engine_plugin(cfg, ["H20", "H800"], str(model_dir), "emulated")
     plugin.pool = "H800"  # what setup() finds in the worker's resources
     eng = plugin.build()
@@ -139,8 +153,12 @@ def test_registry_rejects_a_duplicate_name_naming_it():
 
 
 def test_registry_unknown_name_lists_the_allowed_ones():
-    for registry, allowed in ((ENGINES, "emulated, null, torch, vllm"), (TRAINERS, "emulated, megatron, torch"), (LOSSES, "ppo_clip"),
-                              (ADVANTAGES, "grpo")):
+    for registry, allowed in (
+        (ENGINES, "emulated, null, torch, vllm"),
+        (TRAINERS, "emulated, megatron, torch"),
+        (LOSSES, "ppo_clip"),
+        (ADVANTAGES, "grpo"),
+    ):
         with pytest.raises(UnknownName) as err:
             registry.get("nope")
         assert str(err.value) == f"unknown {registry.kind} 'nope'; allowed: {allowed}"
@@ -177,8 +195,11 @@ def test_data_plane_never_imports_the_tools_and_registries_import_no_runtime():
     for f in files:
         assert not [m for m in _imports(f) if m.startswith("rollart_dask.tools")], f
     for f in [PACKAGE / "registries.py", *sorted((PACKAGE / "algo").glob("*.py"))]:
-        runtime = [m for m in _imports(f) if m.startswith("rollart_dask.") and not m.startswith(("rollart_dask.registries", "rollart_dask.algo",
-                                                                                                 "rollart_dask.types"))]
+        runtime = [
+            m
+            for m in _imports(f)
+            if m.startswith("rollart_dask.") and not m.startswith(("rollart_dask.registries", "rollart_dask.algo", "rollart_dask.types"))
+        ]
         assert runtime == [], f
 
 
@@ -210,8 +231,17 @@ def test_configured_loss_reaches_the_trainer(model_dir, monkeypatch):
         calls.append(kw)
         return ppo_clip_loss(**kw)
 
-    assert list(inspect.signature(ppo_clip_loss).parameters) == ["logp", "old_logp", "advantages", "mask", "clip", "entropy", "entropy_coef",
-                                                                  "is_weights", "token_weights"]
+    assert list(inspect.signature(ppo_clip_loss).parameters) == [
+        "logp",
+        "old_logp",
+        "advantages",
+        "mask",
+        "clip",
+        "entropy",
+        "entropy_coef",
+        "is_weights",
+        "token_weights",
+    ]
     monkeypatch.setitem(LOSSES._entries, "ppo_clip", spy)
     cfg = load_flow(data=flow_dict(**{"trainer.clip": 0.15, "trainer.entropy_coef": 0.01, "trainer.correction": "tis"}))
     threads = torch.get_num_threads()

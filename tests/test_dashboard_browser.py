@@ -4,6 +4,7 @@ page fills every panel live, and a screenshot of it is taken.
 The screenshot goes to the test's temporary directory. The README's picture, docs/dashboard.png (tracked),
 is only replaced on request: ``ROLLART_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest tests/test_dashboard_browser.py``.
 """
+
 import os
 import shutil
 import time
@@ -16,8 +17,16 @@ import rollart_dask
 from tests.conftest import flow_dict
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 README_SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "dashboard.png"  # replaced only with ROLLART_UPDATE_SCREENSHOTS=1
 # data-* attributes of the page's header, one per panel: each must show data while the run goes on
 PANELS = ("inflight", "busy-points", "staleness", "syncs", "counts", "evals")
@@ -53,8 +62,9 @@ def test_rollart_page_fills_live_in_a_browser(address, tmp_path):
                 assert time.monotonic() - t0 < 120, "the run never registered its page"
                 time.sleep(0.5)
             with sync_playwright() as p:
-                browser = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=ARGS,
-                                                               viewport={"width": 1400, "height": 1000})
+                browser = p.chromium.launch_persistent_context(
+                    str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=ARGS, viewport={"width": 1400, "height": 1000}
+                )
                 page = browser.new_page()
                 page.goto(run.dashboard_url, wait_until="load", timeout=60_000)
 

@@ -1,5 +1,6 @@
 """The RollArt dashboard's data path without a cluster: the snapshot a run publishes, its merge on
 the scheduler side, what each panel plots; and the span / task-key helpers behind the phase spans."""
+
 from collections import Counter
 from types import SimpleNamespace
 
@@ -13,26 +14,50 @@ from rollart_dask.tools.dashboard import page_url
 from rollart_dask.tools.dashboard.panels import panel_data
 from rollart_dask.tools.dashboard.plugin import MAX_RUNS, RunState, merge_event
 from rollart_dask.control.snapshot import TAIL, build_snapshot
-from rollart_dask.control.dispatch import task_key
+from rollart_dask.control.phases import task_key
 
 
 def fake_run(n_steps=3, t_start=100.0):
     cfg = SimpleNamespace(name="demo", rollout=SimpleNamespace(mode="rollart", alpha=1), trainer=SimpleNamespace(steps=10))
     rows = [{"kind": "eval", "step": 0, "version": 0}]
     for i in range(1, n_steps + 1):
-        rows.append({"kind": "step", "step": i, "version": i, "elapsed_s": 10.0 * i, "pool_busy": {"H800": 0.5, "CPU": 0.25, "TRAIN": 0.9},
-                     "staleness": {"0": 6, "1": 2},
-                     "mix": {"launched": {"math": 0.5, "swe": 0.5}, "trained": {"math": 0.5 + 0.1 / i, "swe": 0.5 - 0.1 / i}}})
-    syncs = [{"at": t_start - 5, "from": 0, "version": 1, "suspend_s": 0.1, "update_s": 0.2, "recompute_kv_s": 0.05}]  # warm start, before t0
-    syncs += [{"at": t_start + 10.0 * i + 1, "from": i, "version": i + 1, "suspend_s": 0.1, "update_s": 0.3, "recompute_kv_s": 0.01} for i in range(1, n_steps)]
-    history = [{"version": 1, "elapsed_s": 2.0, "eval": {"frozenlake": {"success": 0.25}, "sokoban": {"success": 0.0}}},
-               {"version": n_steps, "elapsed_s": 40.0, "eval": {"frozenlake": {"success": 0.5}, "sokoban": {"success": 0.125}}}]
+        rows.append(
+            {
+                "kind": "step",
+                "step": i,
+                "version": i,
+                "elapsed_s": 10.0 * i,
+                "pool_busy": {"H800": 0.5, "CPU": 0.25, "TRAIN": 0.9},
+                "staleness": {"0": 6, "1": 2},
+                "mix": {"launched": {"math": 0.5, "swe": 0.5}, "trained": {"math": 0.5 + 0.1 / i, "swe": 0.5 - 0.1 / i}},
+            }
+        )
+    syncs = [
+        {"at": t_start - 5, "from": 0, "version": 1, "suspend_s": 0.1, "update_s": 0.2, "recompute_kv_s": 0.05}
+    ]  # warm start, before t0
+    syncs += [
+        {"at": t_start + 10.0 * i + 1, "from": i, "version": i + 1, "suspend_s": 0.1, "update_s": 0.3, "recompute_kv_s": 0.01}
+        for i in range(1, n_steps)
+    ]
+    history = [
+        {"version": 1, "elapsed_s": 2.0, "eval": {"frozenlake": {"success": 0.25}, "sokoban": {"success": 0.0}}},
+        {"version": n_steps, "elapsed_s": 40.0, "eval": {"frozenlake": {"success": 0.5}, "sokoban": {"success": 0.125}}},
+    ]
     return SimpleNamespace(
-        cfg=cfg, run_id="demo-1234", t_start=t_start, published=n_steps, state="running", engine_version=n_steps,
+        cfg=cfg,
+        run_id="demo-1234",
+        t_start=t_start,
+        published=n_steps,
+        state="running",
+        engine_version=n_steps,
         in_flight=lambda: Counter({"generate": 2, "env-step": 1, "reward": 1}),
         buffer=SimpleNamespace(counts=Counter(aborted_stale=2, redundant_dropped=3, failed=1, worker_lost=1, finished=40, late=5)),
-        metrics=SimpleNamespace(rows=rows), history=history, syncs=syncs, services=SimpleNamespace(proxy=SimpleNamespace(requests=17 * n_steps)),
-        telemetry=SimpleNamespace(reward_totals=Counter(calls=12 * n_steps, throttles=2, cold_starts=1)))
+        metrics=SimpleNamespace(rows=rows),
+        history=history,
+        syncs=syncs,
+        services=SimpleNamespace(proxy=SimpleNamespace(requests=17 * n_steps)),
+        telemetry=SimpleNamespace(reward_totals=Counter(calls=12 * n_steps, throttles=2, cold_starts=1)),
+    )
 
 
 def test_snapshot_is_a_small_serialisable_view_of_the_run():
@@ -43,8 +68,14 @@ def test_snapshot_is_a_small_serialisable_view_of_the_run():
     assert snap["inflight"] == {"generate": 2, "env-step": 1, "reward": 1}
     assert snap["counts"]["failed"] == 2 and snap["counts"]["redundant_dropped"] == 3 and "late" not in snap["counts"]
     assert [s["step"] for s in snap["steps"]] == [1, 2, 3] and snap["steps"][0]["busy"]["H800"] == 0.5
-    assert snap["syncs"][0]["t"] == -5.0 and snap["syncs"][1] == {"t": 11.0, "from": 1, "version": 2, "suspend_s": 0.1, "update_s": 0.3,
-                                                                 "recompute_kv_s": 0.01}
+    assert snap["syncs"][0]["t"] == -5.0 and snap["syncs"][1] == {
+        "t": 11.0,
+        "from": 1,
+        "version": 2,
+        "suspend_s": 0.1,
+        "update_s": 0.3,
+        "recompute_kv_s": 0.01,
+    }
     assert snap["evals"][-1]["success"] == {"frozenlake": 0.5, "sokoban": 0.125}
     assert snap["totals"] == {"generate_calls": 51, "reward_calls": 36, "reward_throttles": 2, "reward_cold_starts": 1}
     run.state = "paused"
@@ -137,8 +168,11 @@ def test_the_runs_figures_are_prometheus_series_with_the_run_and_flow_as_labels(
     collector.sources.append(runs)
     registry = CollectorRegistry()
     registry.register(collector)
-    samples = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("run", "flow")))): s.value
-               for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples}
+    samples = {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("run", "flow")))): s.value
+        for fam in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in fam.samples
+    }
     assert all(name.startswith("rollart_") for name, _ in samples)
     assert samples["rollart_version", ()] == 3 and samples["rollart_up", (("status", "running"),)] == 1
     assert samples["rollart_turns_total", ()] == 51 and samples["rollart_reward_calls_total", ()] == 36

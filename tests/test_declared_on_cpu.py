@@ -1,5 +1,6 @@
 """The declarative API without a cluster: decorators, the flow key ``imports``, Python flow files, and
 the Lambda zip of a decorated reward (run by the local endpoint in tests/test_declared_cluster.py)."""
+
 import io
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from rollart_dask.declare import TARGET_ENV, declared, handler
 from rollart_dask.registry import ENVS, REWARDS, get_reward, make_env
 from tests.conftest import flow_dict
 
-MODULE = '''
+MODULE = """
 import rollart_dask
 
 
@@ -40,7 +41,7 @@ def score(trajectory):
 @rollart_dask.reward("{name}-kept", stateless=False)
 def kept(trajectory):
     return 1.0
-'''
+"""
 
 
 def user_module(folder, name):
@@ -72,22 +73,27 @@ def test_imports_of_a_yaml_flow_register_the_decorated_names_and_their_affinity(
 
 def test_a_python_flow_file_builds_the_config_and_is_imported_first(tmp_path):
     user_module(tmp_path, "decl_py_mod")
-    (tmp_path / "decl_py_flow.py").write_text(textwrap.dedent(f"""
+    (tmp_path / "decl_py_flow.py").write_text(
+        textwrap.dedent(f"""
         from rollart_dask.config import FlowConfig
 
         def flow():
             return FlowConfig.model_validate({flow_dict(imports=["decl_py_mod.py"], tasks=[task("decl_py_mod")])!r})
-    """))
+    """)
+    )
     cfg = load_flow(tmp_path / "decl_py_flow.py", ["trainer.steps=7"])
     assert cfg.trainer.steps == 7 and cfg.tasks[0].affinity == "decode"
     assert [p.rsplit("/", 1)[-1] for p in cfg.imports] == ["decl_py_flow.py", "decl_py_mod.py"]  # workers import both
 
 
-@pytest.mark.parametrize("text, error", [
-    ("x = 1\n", "defines `flow`"),
-    ("flow = 3\n", "`flow` gave int; expected a FlowConfig or a dict"),
-    ("import no_such_module_here\nflow = {}\n", "import failed: ModuleNotFoundError"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("x = 1\n", "defines `flow`"),
+        ("flow = 3\n", "`flow` gave int; expected a FlowConfig or a dict"),
+        ("import no_such_module_here\nflow = {}\n", "import failed: ModuleNotFoundError"),
+    ],
+)
 def test_a_bad_python_flow_file_is_an_error_naming_it(tmp_path, text, error):
     path = tmp_path / f"bad_flow_{abs(hash(text))}.py"
     path.write_text(text)
@@ -143,8 +149,13 @@ def test_a_decorated_rewards_zip_holds_its_module_and_the_declarative_api(tmp_pa
     user_module(tmp_path, "decl_zip_mod")
     load_flow(data=flow_dict(imports=[str(tmp_path / "decl_zip_mod.py")], tasks=[task("decl_zip_mod")]))
     names = set(zipfile.ZipFile(io.BytesIO(build_zip("decl_zip_mod-reward"))).namelist())
-    assert {"decl_zip_mod.py", "rollart_dask/__init__.py", "rollart_dask/declare.py", "rollart_dask/registry.py",
-            "rollart_dask/registries.py"} <= names
+    assert {
+        "decl_zip_mod.py",
+        "rollart_dask/__init__.py",
+        "rollart_dask/declare.py",
+        "rollart_dask/registry.py",
+        "rollart_dask/registries.py",
+    } <= names
     assert not any(n.startswith(("rollart_dask/control", "rollart_dask/data")) for n in names)
     monkeypatch.setenv(TARGET_ENV, "decl_zip_mod:score")  # what deploy sets for the generic handler
     assert handler({"info": {}}, None) == 2.0

@@ -1,5 +1,6 @@
 """deploy/ recipes: Kubernetes manifests against the dask-kubernetes CRD schemas, shell scripts
 parse, and every recipe tags its workers with the runtime's pools."""
+
 import copy
 import os
 import shlex
@@ -29,6 +30,7 @@ def assert_pool_tags(resources: dict[str, float], where: str) -> None:
 
 # -- Kubernetes ---------------------------------------------------------------------------------
 
+
 def closed(schema):
     """The API server prunes unknown fields of a custom resource unless the client asks for strict
     field validation, so a typo (``nodeselector``) could apply and do nothing: close every object
@@ -45,7 +47,9 @@ def closed(schema):
 @pytest.fixture(scope="module")
 def crd_schemas():
     """kind → the v1 openAPIV3Schema of the CRDs shipped in dask_kubernetes (the fully resolved copies)."""
-    dk = pytest.importorskip("dask_kubernetes", reason="dask-kubernetes is not installed (pip install -e '.[dev]'): cannot validate deploy/kubernetes")
+    dk = pytest.importorskip(
+        "dask_kubernetes", reason="dask-kubernetes is not installed (pip install -e '.[dev]'): cannot validate deploy/kubernetes"
+    )
     schemas = {}
     for path in sorted(Path(dk.__file__).parent.rglob("*.yaml")):
         text = path.read_text()
@@ -169,6 +173,7 @@ def test_the_kubernetes_scheduler_speaks_tls_and_the_secret_holds_the_three_file
 
 # -- shell recipes (Slurm, SSH, local) ------------------------------------------------------------
 
+
 def shell_scripts():
     return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".sh", ".sbatch"))
 
@@ -180,8 +185,9 @@ def test_shell_scripts_parse(script):
 
 
 def pools_sh(*lines: str) -> str:
-    return subprocess.run(["bash", "-c", "source deploy/pools.sh && " + " && ".join(lines)], cwd=REPO, capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["bash", "-c", "source deploy/pools.sh && " + " && ".join(lines)], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def test_pools_sh_maps_every_pool():
@@ -215,19 +221,32 @@ def certs(tmp_path: Path) -> Path:
 
 def test_ssh_recipe_starts_one_scheduler_and_tagged_workers(tmp_path):
     log, copies = recorder(tmp_path, "ssh"), recorder(tmp_path, "scp")
-    env = {**os.environ, "SSH": str(tmp_path / "bin" / "ssh"), "SCP": str(tmp_path / "bin" / "scp"), "SCHEDULER_WAIT_S": "0",
-           "PORT": "8790", "TLS_DIR": str(certs(tmp_path))}
+    env = {
+        **os.environ,
+        "SSH": str(tmp_path / "bin" / "ssh"),
+        "SCP": str(tmp_path / "bin" / "scp"),
+        "SCHEDULER_WAIT_S": "0",
+        "PORT": "8790",
+        "TLS_DIR": str(certs(tmp_path)),
+    }
     res = subprocess.run(["deploy/ssh/cluster.sh", "start", "deploy/ssh/hosts.example"], cwd=REPO, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "tls://gpu-h800-01:8790"
     assert f"--set cluster.security.key={tmp_path / 'tls'}/key.pem" in res.stderr  # how the client attaches
-    hosts = {line.split()[0] for line in (REPO / "deploy/ssh/hosts.example").read_text().splitlines() if line.strip() and not line.startswith("#")}
+    hosts = {
+        line.split()[0]
+        for line in (REPO / "deploy/ssh/hosts.example").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     scp = [shlex.split(line) for line in copies.read_text().splitlines()]
     assert sorted(c[-1].split(":")[0] for c in scp) == sorted(hosts) and all(len(c) == 5 for c in scp), scp  # -q, 3 files, host:dir
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
     tls = "--tls-ca-file /tmp/rollart-cluster/tls/ca.pem --tls-cert /tmp/rollart-cluster/tls/cert.pem --tls-key /tmp/rollart-cluster/tls/key.pem"
     # one scheduler, with the preload that lists the RollArt page in JupyterLab (rollart_dask/tools/dashboard/preload.py)
-    assert sum(f"dask scheduler --protocol tls --port 8790 --preload rollart_dask.tools.dashboard.preload {tls}" in cmd for _, cmd in calls) == 1
+    assert (
+        sum(f"dask scheduler --protocol tls --port 8790 --preload rollart_dask.tools.dashboard.preload {tls}" in cmd for _, cmd in calls)
+        == 1
+    )
     workers = [(host, shlex.split(cmd.split("dask worker", 1)[1].split(">", 1)[0]), cmd) for host, cmd in calls if "dask worker" in cmd]
     assert len(workers) == 1 + 7 + 8 + 8 + 2 + 1 + 1  # hosts.example: workers per line
     assert all(tls in cmd for _, _, cmd in workers)
@@ -248,15 +267,24 @@ def test_ssh_recipe_starts_one_scheduler_and_tagged_workers(tmp_path):
     res = subprocess.run(["deploy/ssh/cluster.sh", "start", str(tmp_path / "hosts")], cwd=REPO, env=env, capture_output=True, text=True)
     assert res.returncode != 0 and "unknown pool 'h100'" in res.stderr
     # plain TCP only when asked, and said so
-    res = subprocess.run(["deploy/ssh/cluster.sh", "start", "deploy/ssh/hosts.example"], cwd=REPO, env={**env, "ROLLART_TLS": "off"},
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["deploy/ssh/cluster.sh", "start", "deploy/ssh/hosts.example"],
+        cwd=REPO,
+        env={**env, "ROLLART_TLS": "off"},
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0 and res.stdout.strip() == "tcp://gpu-h800-01:8790" and "plain TCP" in res.stderr, res.stderr
 
 
 def test_slurm_recipe_submits_the_scheduler_then_one_job_per_pool(tmp_path):
     log = recorder(tmp_path, "sbatch", reply="echo 4242")
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ROLLART_SHARED": str(tmp_path / "shared"),
-           "ROLLART_CLI": f"{sys.executable} -m rollart_dask.entry.cli"}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "ROLLART_SHARED": str(tmp_path / "shared"),
+        "ROLLART_CLI": f"{sys.executable} -m rollart_dask.entry.cli",
+    }
     res = subprocess.run(["deploy/slurm/submit.sh"], cwd=REPO, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     tls = tmp_path / "shared" / "tls"  # made for the cluster on the shared directory, the key its owner's alone
@@ -280,17 +308,29 @@ def test_slurm_recipe_submits_the_scheduler_then_one_job_per_pool(tmp_path):
 
 def test_slurm_jobs_start_the_scheduler_and_workers_with_the_clusters_certificate(tmp_path):
     """scheduler.sbatch and worker.sbatch as Slurm runs them (copies, found pools.sh through ROLLART_DEPLOY)."""
-    dask, srun = recorder(tmp_path, "dask", reply='echo \'{"address": "tls://n1:8786"}\' > "$ROLLART_SHARED/scheduler.json"'), recorder(tmp_path, "srun")
+    dask, srun = (
+        recorder(tmp_path, "dask", reply='echo \'{"address": "tls://n1:8786"}\' > "$ROLLART_SHARED/scheduler.json"'),
+        recorder(tmp_path, "srun"),
+    )
     shared, tls = tmp_path / "shared", certs(tmp_path)
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "ROLLART_SHARED": str(shared), "ROLLART_DEPLOY": str(DEPLOY),
-           "ROLLART_TLS_DIR": str(tls)}
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "ROLLART_SHARED": str(shared),
+        "ROLLART_DEPLOY": str(DEPLOY),
+        "ROLLART_TLS_DIR": str(tls),
+    }
     res = subprocess.run(["bash", "deploy/slurm/scheduler.sbatch"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     (scheduler,) = [shlex.split(line) for line in dask.read_text().splitlines()]
     assert scheduler[0] == "scheduler" and scheduler[scheduler.index("--protocol") + 1] == "tls", scheduler
     assert scheduler[scheduler.index("--tls-key") + 1] == f"{tls}/key.pem"
     shared.joinpath("scheduler-address").write_text("tls://n1:8786\n")  # (scheduler.sbatch removes it as it exits)
-    res = subprocess.run(["bash", "deploy/slurm/worker.sbatch", "h20", "H20=1000000", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["bash", "deploy/slurm/worker.sbatch", "h20", "H20=1000000", "2"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     (worker,) = [shlex.split(line) for line in srun.read_text().splitlines()]
-    assert worker[3] == "tls://n1:8786" and worker[-1] == f"--tls-ca-file {tls}/ca.pem --tls-cert {tls}/cert.pem --tls-key {tls}/key.pem", worker
+    assert worker[3] == "tls://n1:8786" and worker[-1] == f"--tls-ca-file {tls}/ca.pem --tls-cert {tls}/cert.pem --tls-key {tls}/key.pem", (
+        worker
+    )

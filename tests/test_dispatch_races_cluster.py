@@ -1,5 +1,6 @@
 """The dispatcher's races, on the shared local cluster: a caller cancelled in the tick its answer lands,
 callers gone before their batch is flushed, and a batch that fails to launch after taking its slot."""
+
 import asyncio
 import threading
 

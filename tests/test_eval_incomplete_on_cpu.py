@@ -1,5 +1,6 @@
 """Held-out evaluation whose calls fail (no cluster): failed seeds are played again in rounds, the figures are over the
 seeds that completed, and an evaluation left incomplete is never shown, plotted or logged as a score anywhere."""
+
 import asyncio
 import json
 from pathlib import Path
@@ -108,8 +109,10 @@ def test_old_rows_without_complete_read_by_their_failed_calls():
     assert is_complete({"success": 0.25, "failed_calls": 0}) and is_complete({"success": 0.25})
     old = {"success": 0.2, "failed_calls": 3, "seeds": 10}
     assert not is_complete(old) and shown(old) == "incomplete: 3 of 10 eval calls failed (reason not recorded)"
-    assert incomplete_note({"failed_calls": 3, "seeds": 9, "failures": {"A: x": 2, "B: y": 1}}) == \
-        "incomplete: 3 of 9 eval calls failed (A: x ×2; B: y ×1)"
+    assert (
+        incomplete_note({"failed_calls": 3, "seeds": 9, "failures": {"A: x": 2, "B: y": 1}})
+        == "incomplete: 3 of 9 eval calls failed (A: x ×2; B: y ×1)"
+    )
     assert summarise({}, 0, 0.0)["complete"]  # no seeds: nothing failed
 
 
@@ -132,8 +135,16 @@ def test_prometheus_and_the_page_leave_an_incomplete_evaluation_out():
     from rollart_dask.tools.dashboard.prometheus import RollartCollector
 
     state = RunState()
-    state.merge({"name": "f", "status": "running", "evals": [{"version": 0, "t": 1.0, "success": {"good": 0.5}, "failed": {"bad": 3}},
-                                                              {"version": 1, "t": 2.0, "success": {"good": 0.75, "bad": 0.0}, "failed": {"bad": 4}}]})
+    state.merge(
+        {
+            "name": "f",
+            "status": "running",
+            "evals": [
+                {"version": 0, "t": 1.0, "success": {"good": 0.5}, "failed": {"bad": 3}},
+                {"version": 1, "t": 2.0, "success": {"good": 0.75, "bad": 0.0}, "failed": {"bad": 4}},
+            ],
+        }
+    )
     c = RollartCollector()
     c.sources.append({"r1": state})
     fams = {f.name: f for f in c.collect()}
@@ -158,9 +169,11 @@ def _write_run(path, last_complete: bool):
     path.mkdir(parents=True)
     ok = summarise({s: {"success": float(s % 2), "reward": float(s % 2)} for s in range(4)}, 4, 1.0)
     bad = summarise({0: {"success": 1.0, "reward": 1.0}}, 4, 1.0, {"TimeoutError: generate gave no answer in 60s": 3}, 3)
-    rows = [{"time": 1.0, "kind": "eval", "step": 0, "version": 0, "elapsed_s": 1.0, "eval": {"frozenlake": ok}},
-            {"time": 2.0, "kind": "step", "step": 1, "version": 1, "elapsed_s": 2.0, "reward_mean": 0.1, "success": 0.1},
-            {"time": 3.0, "kind": "eval", "step": 1, "version": 1, "elapsed_s": 3.0, "eval": {"frozenlake": ok if last_complete else bad}}]
+    rows = [
+        {"time": 1.0, "kind": "eval", "step": 0, "version": 0, "elapsed_s": 1.0, "eval": {"frozenlake": ok}},
+        {"time": 2.0, "kind": "step", "step": 1, "version": 1, "elapsed_s": 2.0, "reward_mean": 0.1, "success": 0.1},
+        {"time": 3.0, "kind": "eval", "step": 1, "version": 1, "elapsed_s": 3.0, "eval": {"frozenlake": ok if last_complete else bad}},
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (path / "flow.yaml").write_text("name: quick\nrollout: {mode: rollart, alpha: 1}\ntrainer: {steps: 1}\n")
 
@@ -205,15 +218,24 @@ def test_rollart_eval_shows_why_instead_of_an_incomplete_figure_and_builds_no_di
 
     def fake(path, out, tasks, seeds, start, temperature, overrides):  # (what evaluate_sync returns, without a cluster)
         name = Path(path).name
-        return {"checkpoint": str(Path(path) / "step-1"), "run": str(path), "version": 1, "start_seed": 0, "held_out": True,
-                "temperature": 0.0, "eval": {"lake": figs[name]}, "outcomes": {"lake": outcomes if name == "a" else {0: outcomes[0]}}}
+        return {
+            "checkpoint": str(Path(path) / "step-1"),
+            "run": str(path),
+            "version": 1,
+            "start_seed": 0,
+            "held_out": True,
+            "temperature": 0.0,
+            "eval": {"lake": figs[name]},
+            "outcomes": {"lake": outcomes if name == "a" else {0: outcomes[0]}},
+        }
 
     monkeypatch.setattr(evaluate, "evaluate_sync", fake)
     monkeypatch.setattr(console, "width", 400)
     for d in ("a", "b"):
         (tmp_path / d).mkdir()
-    res = CliRunner().invoke(main, ["eval", str(tmp_path / "a"), "--compare", str(tmp_path / "b"), "--out", str(tmp_path / "ev")],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        main, ["eval", str(tmp_path / "a"), "--compare", str(tmp_path / "b"), "--out", str(tmp_path / "ev")], catch_exceptions=False
+    )
     assert res.exit_code == 1, res.output  # an incomplete evaluation is no score, for a script reading the status either
     text = " ".join(res.output.split())
     assert "incomplete: 2 of 3 eval calls failed (TimeoutError: slow)" in text and "— (an evaluation is incomplete)" in text, res.output

@@ -2,6 +2,7 @@
 held-out seeds. A seed that fails the first time only is played again and the evaluation completes; a seed that
 always fails leaves it incomplete, written with its reason, and `rollart run`, `rollart runs` and the report say so
 instead of a score."""
+
 import html
 import json
 import os
@@ -35,8 +36,15 @@ class FlakyLake(FrozenLakeText):
 
 
 def task(name: str, marks: Path) -> dict:
-    return {"name": name, "env": f"{__name__}:FlakyLake", "env_args": {"marks": str(marks), "size": 4}, "reward": "frozenlake",
-            "affinity": "prefill", "max_turns": 4, "max_tokens": 2}
+    return {
+        "name": name,
+        "env": f"{__name__}:FlakyLake",
+        "env_args": {"marks": str(marks), "size": 4},
+        "reward": "frozenlake",
+        "affinity": "prefill",
+        "max_turns": 4,
+        "max_tokens": 2,
+    }
 
 
 def test_failed_eval_calls_are_retried_and_an_evaluation_still_failing_is_reported_incomplete_not_scored(address, tmp_path, monkeypatch):
@@ -51,8 +59,15 @@ def test_failed_eval_calls_are_retried_and_an_evaluation_still_failing_is_report
         (once / f"once-{s}").touch()
     (always / f"always-{HELD_OUT + 1}").touch()
     # rollout.retries 0: the env manager's own reset retry would hide the first failure from the evaluation
-    data = flow_dict(**{"tasks": [task("steady", once), task("broken", always)], "rollout.retries": 0, "trainer.steps": 1,
-                        "eval.seeds": 4, "eval.retries": 2})
+    data = flow_dict(
+        **{
+            "tasks": [task("steady", once), task("broken", always)],
+            "rollout.retries": 0,
+            "trainer.steps": 1,
+            "eval.seeds": 4,
+            "eval.retries": 2,
+        }
+    )
     (tmp_path / "flow.yaml").write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
     monkeypatch.setattr(console, "width", 400)  # (a table cell folded over lines would split the text)

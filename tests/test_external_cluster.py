@@ -1,6 +1,7 @@
 """An external multi-process cluster started with the recipes' own commands (`dask scheduler`, one
 `dask worker` per pool with the tags of deploy/pools.sh): `rollart cluster check` against it, then
 a tiny flow end to end, as a user attaches to a real cluster."""
+
 import json
 import os
 import signal
@@ -21,7 +22,9 @@ WORKERS = {"train-0": "train", "h800-0": "h800", "h20-0": "h20", "cpu-0": "cpu",
 
 
 def pool_resources(pool: str) -> str:
-    out = subprocess.run(["bash", "-c", f"source deploy/pools.sh && pool_resources {pool}"], cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["bash", "-c", f"source deploy/pools.sh && pool_resources {pool}"], cwd=REPO, capture_output=True, text=True, check=True
+    )
     return out.stdout.strip()
 
 
@@ -50,9 +53,23 @@ def scheduler(tmp_path_factory):
     logs = tmp_path_factory.mktemp("cluster-logs")
     address = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", "OMP_NUM_THREADS": "1"}
-    commands = {"scheduler": [DASK, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--dashboard-address", "127.0.0.1:0"]}
+    commands = {
+        "scheduler": [DASK, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1], "--dashboard-address", "127.0.0.1:0"]
+    }
     for name, pool in WORKERS.items():
-        commands[name] = [DASK, "worker", address, "--resources", pool_resources(pool), "--nthreads", "2", "--memory-limit", "0", "--name", name]
+        commands[name] = [
+            DASK,
+            "worker",
+            address,
+            "--resources",
+            pool_resources(pool),
+            "--nthreads",
+            "2",
+            "--memory-limit",
+            "0",
+            "--name",
+            name,
+        ]
     procs = []
     try:
         for name, cmd in commands.items():  # cwd: the repo root, so workers import envs/ and rewards/ as in a checkout
@@ -104,17 +121,35 @@ def _state(address: str) -> dict:
     from rollart_dask import compat
 
     with Client(address, timeout=60) as client:
-        return {**client.run_on_scheduler(compat.plugin_names), "amm": client.sync(client.scheduler.amm_handler, method="running"),
-                "worker_plugins": {w: sorted(p) for w, p in client.run(lambda dask_worker: list(dask_worker.plugins)).items()}}
+        return {
+            **client.run_on_scheduler(compat.plugin_names),
+            "amm": client.sync(client.scheduler.amm_handler, method="running"),
+            "worker_plugins": {w: sorted(p) for w, p in client.run(lambda dask_worker: list(dask_worker.plugins)).items()},
+        }
 
 
 def test_quickstart_runs_on_the_external_cluster(scheduler, tmp_path):
     before = _state(scheduler)
     out = tmp_path / "run"
-    tiny = ["--set", "trainer.steps=2", "--set", "eval.seeds=5", "--set", "rollout.batch_groups=2",
-            "--set", "observe.progress=false", "--set", "observe.tensorboard=false"]
-    res = subprocess.run([*CLI, "run", "flows/quickstart.yaml", "--scheduler", scheduler, "--out", str(out), *tiny],
-                         cwd=REPO, capture_output=True, text=True, timeout=540)
+    tiny = [
+        "--set",
+        "trainer.steps=2",
+        "--set",
+        "eval.seeds=5",
+        "--set",
+        "rollout.batch_groups=2",
+        "--set",
+        "observe.progress=false",
+        "--set",
+        "observe.tensorboard=false",
+    ]
+    res = subprocess.run(
+        [*CLI, "run", "flows/quickstart.yaml", "--scheduler", scheduler, "--out", str(out), *tiny],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] >= 2

@@ -1,5 +1,6 @@
 """A missing optional dependency is named with the extra that brings it (setup.cfg's extras), not as a bare
 ModuleNotFoundError deep in a worker."""
+
 import sys
 
 import pytest
@@ -47,7 +48,9 @@ def test_engine_backend_auto_takes_vllm_only_where_its_gpu_build_is_installed(mo
 
     real = importlib.util.find_spec
     for installed, cpu_build, want in ((True, True, "torch"), (True, False, "vllm"), (False, False, "torch")):
-        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, _i=installed: (real("json") if _i else None) if name == "vllm" else real(name, *a))
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a, _i=installed: (real("json") if _i else None) if name == "vllm" else real(name, *a)
+        )
         monkeypatch.setattr(config, "vllm_is_cpu_build", lambda _c=cpu_build: _c)
         assert resolve_engine_backend(EngineConfig(backend="auto")) == want, (installed, cpu_build)
     with pytest.raises(FlowError, match="engine.backend=vllm but vllm is not installed"):

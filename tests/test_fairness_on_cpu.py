@@ -1,5 +1,6 @@
 """rollout.fairness: the per-task batch quota, stale relaunches that never drop a group, and the trained mix kept
 within tolerance of the launched one under a slow task — pure (the buffer, and the policy simulator driving it)."""
+
 from collections import Counter
 
 import pytest
@@ -60,14 +61,30 @@ def test_staleness_drops_a_group_only_without_fairness(fairness, dropped):
 
 def flow(fairness: str, alpha: int):
     def task(name: str, reset_s: float, weight: float) -> dict:
-        return {"name": name, "env": "synthetic", "reward": "emulated", "affinity": "prefill", "max_tokens": 64, "max_turns": 1, "weight": weight,
-                "env_args": {"turns": 1, "prompt_tokens": 16, "output_tokens": 1, "obs_tokens": 0},
-                "inject": {"reset_latency": {"dist": "lognormal", "median_s": reset_s, "sigma": 1.0, "cap_s": 20 * reset_s},
-                           "step_latency": {"dist": "constant", "s": 0.1}}}
-    return load_flow(data={"engine": {"backend": "emulated"}, "trainer": {"backend": "emulated", "steps": 40},
-                           "emulation": {"time_scale": 0.05, "pools": {"H800": {"gpu": "H800", "gpus": 8}}, "trainer": {"gpus": 8}},
-                           "rollout": {"group_size": 4, "batch_groups": 8, "admission": "eager", "alpha": alpha, "fairness": fairness},
-                           "tasks": [task("fast", 2.0, 3.0), task("slow", 60.0, 1.0)]})
+        return {
+            "name": name,
+            "env": "synthetic",
+            "reward": "emulated",
+            "affinity": "prefill",
+            "max_tokens": 64,
+            "max_turns": 1,
+            "weight": weight,
+            "env_args": {"turns": 1, "prompt_tokens": 16, "output_tokens": 1, "obs_tokens": 0},
+            "inject": {
+                "reset_latency": {"dist": "lognormal", "median_s": reset_s, "sigma": 1.0, "cap_s": 20 * reset_s},
+                "step_latency": {"dist": "constant", "s": 0.1},
+            },
+        }
+
+    return load_flow(
+        data={
+            "engine": {"backend": "emulated"},
+            "trainer": {"backend": "emulated", "steps": 40},
+            "emulation": {"time_scale": 0.05, "pools": {"H800": {"gpu": "H800", "gpus": 8}}, "trainer": {"gpus": 8}},
+            "rollout": {"group_size": 4, "batch_groups": 8, "admission": "eager", "alpha": alpha, "fairness": fairness},
+            "tasks": [task("fast", 2.0, 3.0), task("slow", 60.0, 1.0)],
+        }
+    )
 
 
 @pytest.mark.parametrize("alpha", [1, 4])

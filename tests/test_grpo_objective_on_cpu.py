@@ -1,5 +1,6 @@
 """The GRPO objective's knobs (trainer.loss_agg, trainer.loss_norm_tokens, trainer.adv_scale) against numbers worked out
 by hand, and the batch's gradient against micro-batching. Pure torch: a table model stands in for the LLM."""
+
 import pytest
 import torch
 
@@ -28,9 +29,9 @@ def _example():
 
 # token losses sum: -2.2 + (1.5 + 0.9) + (-0.5 - 0.6 - 0.25) = -1.15 over 6 tokens and 3 samples
 HAND = {
-    "token_mean": -1.15 / 6,                              # -0.191667
-    "seq_mean": (-2.2 + 2.4 / 2 + -1.35 / 3) / 3,         # (-2.2 + 1.2 - 0.45) / 3 = -0.483333
-    "constant": -1.15 / (3 * 4),                          # loss_norm_tokens 4: -0.095833
+    "token_mean": -1.15 / 6,  # -0.191667
+    "seq_mean": (-2.2 + 2.4 / 2 + -1.35 / 3) / 3,  # (-2.2 + 1.2 - 0.45) / 3 = -0.483333
+    "constant": -1.15 / (3 * 4),  # loss_norm_tokens 4: -0.095833
 }
 
 
@@ -121,7 +122,7 @@ def _reference_loss(agg, entropy_coef, norm_tokens):
     for s in SAMPLES:
         seq = s["prompt_ids"] + s["response_ids"]
         p, r = len(s["prompt_ids"]), len(s["response_ids"])
-        logp_all = torch.log_softmax(table(torch.tensor(seq[p - 1: p - 1 + r])), -1)
+        logp_all = torch.log_softmax(table(torch.tensor(seq[p - 1 : p - 1 + r])), -1)
         logp = logp_all.gather(-1, torch.tensor(s["response_ids"]).unsqueeze(-1)).squeeze(-1)
         ratio = torch.exp(logp - torch.tensor(s["logprobs"]))
         a = s["advantage"]
@@ -137,8 +138,13 @@ def _reference_loss(agg, entropy_coef, norm_tokens):
 def test_the_gradient_of_micro_batches_is_the_gradient_of_one(agg, correction):
     # decoupled drops tokens (is_cap 1.1 here): their share counts in the policy term's denominators all the same; the
     # entropy bonus of a micro-batch is its kept tokens' mean, which is why it is left out there
-    cfg = {"loss_agg": agg, "correction": correction, "entropy_coef": 0.0 if correction == "decoupled" else 0.05, "clip": CLIP,
-           "is_cap": 1.1}
+    cfg = {
+        "loss_agg": agg,
+        "correction": correction,
+        "entropy_coef": 0.0 if correction == "decoupled" else 0.05,
+        "clip": CLIP,
+        "is_cap": 1.1,
+    }
     g_one, s_one, _ = _grad(8192, **cfg)
     assert s_one["forward_rows"] == 4 and g_one.abs().max() > 1e-3
     assert correction != "decoupled" or 0 < s_one["is_dropped"] < 1
@@ -188,18 +194,23 @@ def test_advantages_scaled_by_the_group_std():
 def test_defaults_are_todays_objective_and_constant_resolves_from_the_tasks():
     cfg = load_flow(data=flow_dict())
     assert (cfg.trainer.loss_agg, cfg.trainer.adv_scale, cfg.trainer.loss_norm_tokens) == ("token_mean", "std", None)
-    tasks = [{"name": "a", "env": "frozenlake", "reward": "frozenlake", "max_tokens": 2},
-             {"name": "b", "env": "frozenlake", "reward": "frozenlake", "max_tokens": 7}]
+    tasks = [
+        {"name": "a", "env": "frozenlake", "reward": "frozenlake", "max_tokens": 2},
+        {"name": "b", "env": "frozenlake", "reward": "frozenlake", "max_tokens": 7},
+    ]
     cfg = load_flow(data=flow_dict(**{"trainer.loss_agg": "constant", "tasks": tasks}))
     assert cfg.trainer.loss_norm_tokens == 7
     cfg = load_flow(data=flow_dict(**{"trainer.loss_agg": "constant", "trainer.loss_norm_tokens": 32}))
     assert cfg.trainer.loss_norm_tokens == 32
 
 
-@pytest.mark.parametrize("key,bad,allowed", [
-    ("trainer.loss_agg", "seq_sum", ["'token_mean'", "'seq_mean'", "'constant'"]),
-    ("trainer.adv_scale", "batch", ["'std'", "'none'"]),
-])
+@pytest.mark.parametrize(
+    "key,bad,allowed",
+    [
+        ("trainer.loss_agg", "seq_sum", ["'token_mean'", "'seq_mean'", "'constant'"]),
+        ("trainer.adv_scale", "batch", ["'std'", "'none'"]),
+    ],
+)
 def test_an_unknown_value_is_named_with_the_allowed_ones(key, bad, allowed):
     with pytest.raises(FlowError) as e:
         load_flow(data=flow_dict(**{key: bad}))

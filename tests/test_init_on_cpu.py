@@ -1,4 +1,5 @@
 """`rollart init DIR`: a new project that runs as it is, and a refusal to write into a used directory."""
+
 import json
 import subprocess
 import sys
@@ -28,8 +29,24 @@ def test_the_scaffold_runs_as_it_is(tmp_path):
     cli = [sys.executable, "-m", "rollart_dask.entry.cli"]
     assert subprocess.run([*cli, "init", str(target)], capture_output=True, text=True, timeout=60).returncode == 0
     out = tmp_path / "run"
-    res = subprocess.run([*cli, "run", str(target / "flow.yaml"), "--out", str(out), "--set", "trainer.steps=3",
-                          "--set", "eval.seeds=10", "--set", "observe.progress=false"], capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        [
+            *cli,
+            "run",
+            str(target / "flow.yaml"),
+            "--out",
+            str(out),
+            "--set",
+            "trainer.steps=3",
+            "--set",
+            "eval.seeds=10",
+            "--set",
+            "observe.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 3, summary

@@ -83,8 +83,11 @@ def binomial_ok(successes, n, p, sigmas=4.0):
 
 def test_lognormal_quantiles_match_analytic():
     m, s = 2.0, 0.8
-    spec = {"seed": 3, "reset_latency": {"dist": "lognormal", "median_s": 5.0, "sigma": 0.3},
-            "step_latency": {"dist": "lognormal", "median_s": m, "sigma": s}}
+    spec = {
+        "seed": 3,
+        "reset_latency": {"dist": "lognormal", "median_s": 5.0, "sigma": 0.3},
+        "step_latency": {"dist": "lognormal", "median_s": m, "sigma": s},
+    }
     reset_s, step_s, *_ = play(spec, episodes=2000, steps=10)
     assert len(step_s) == 20000
     for q, tol in zip(QS, (0.03, 0.05, 0.10)):
@@ -162,8 +165,13 @@ def test_resets_and_steps_hang_at_their_own_rates():
 
 
 def test_reproducible_by_seeds_only():
-    spec = {"seed": 7, "reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1},
-            "step_latency": {"dist": "empirical", "file": EXAMPLE}, "reset_fail": 0.2, "step_fail": 0.2}
+    spec = {
+        "seed": 7,
+        "reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1},
+        "step_latency": {"dist": "empirical", "file": EXAMPLE},
+        "reset_fail": 0.2,
+        "step_fail": 0.2,
+    }
     a, b = play(spec, 300, 4), play(spec, 300, 4)
     for x, y in zip(a, b):
         assert np.array_equal(np.asarray(x), np.asarray(y))
@@ -181,8 +189,10 @@ def test_reproducible_by_seeds_only():
 
 def test_same_draws_in_another_process():
     spec = {"seed": 11, "step_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1}}
-    code = ("import json; from rollart_dask.envs.inject import draw, parse_spec; "
-            f"s = parse_spec({spec!r}); print(json.dumps([draw(s, ep, i).latency_s for ep in range(5) for i in range(1, 4)]))")
+    code = (
+        "import json; from rollart_dask.envs.inject import draw, parse_spec; "
+        f"s = parse_spec({spec!r}); print(json.dumps([draw(s, ep, i).latency_s for ep in range(5) for i in range(1, 4)]))"
+    )
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     s = parse_spec(spec)
@@ -193,14 +203,15 @@ def test_redraw_repeats():
     base = {"seed": 13, "reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1}}
     same = [Injected(Echo(), base, sleep=Recorder()).reset(99)[1]["injected"]["reset_s"] for _ in range(3)]
     assert len(set(same)) == 1
-    fresh = [Injected(Echo(), {**base, "seed": 14, "redraw_repeats": True}, sleep=Recorder()).reset(99)[1]["injected"]["reset_s"]
-             for _ in range(3)]
+    fresh = [
+        Injected(Echo(), {**base, "seed": 14, "redraw_repeats": True}, sleep=Recorder()).reset(99)[1]["injected"]["reset_s"]
+        for _ in range(3)
+    ]
     assert len(set(fresh)) == 3
 
 
 def test_time_scale_scales_every_sleep():
-    spec = {"seed": 1, "reset_latency": {"dist": "lognormal", "median_s": 3, "sigma": 1},
-            "step_latency": {"dist": "constant", "s": 2.0}}
+    spec = {"seed": 1, "reset_latency": {"dist": "lognormal", "median_s": 3, "sigma": 1}, "step_latency": {"dist": "constant", "s": 2.0}}
     full, scaled = play(spec, 50, 3)[4], play({**spec, "time_scale": 0.01}, 50, 3)[4]
     assert len(full) == len(scaled) == 200
     assert np.allclose(np.array(scaled), np.array(full) * 0.01)
@@ -209,14 +220,21 @@ def test_time_scale_scales_every_sleep():
 
 def test_labels_choices_close_and_describe():
     inner, rec = Echo(), Recorder()
-    env = Injected(inner, {"reset_latency": {"dist": "constant", "s": 4}, "step_latency": {"dist": "constant", "s": 1},
-                           "time_scale": 0.5}, sleep=rec)
+    env = Injected(
+        inner, {"reset_latency": {"dist": "constant", "s": 4}, "step_latency": {"dist": "constant", "s": 1}, "time_scale": 0.5}, sleep=rec
+    )
     obs, info = env.reset(seed=1)
     assert obs == "start 1" and info["k"] == 1 and "injected" not in inner.info
     assert info["injected"] == {"emulated": True, "reset_s": 2.0, "step_s": 0.0, "total_s": 2.0, "call": 0, "spec_seed": 0}
     *_, info = env.step("b")
-    assert info["n"] == 1 and info["injected"] == {"emulated": True, "reset_s": 2.0, "step_s": 0.5, "total_s": 2.5,
-                                                   "call": 1, "spec_seed": 0}
+    assert info["n"] == 1 and info["injected"] == {
+        "emulated": True,
+        "reset_s": 2.0,
+        "step_s": 0.5,
+        "total_s": 2.5,
+        "call": 1,
+        "spec_seed": 0,
+    }
     assert rec == [2.0, 0.5]
     assert env.action_choices == ("a", "b") and not hasattr(Injected(Bare()), "action_choices")
     desc = env.describe()
@@ -244,19 +262,24 @@ def test_factories():
         injected("rollart_dask.envs.frozenlake:FrozenLakeText", {"bogus": 1})
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"bogus": 1}, r"unknown key 'bogus'; allowed: seed, reset_latency, step_latency, reset_fail"),
-    ({"reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1, "cap": 2}},
-     r"unknown key 'reset_latency.cap'; allowed: dist, median_s, sigma, cap_s"),
-    ({"step_latency": {"dist": "gamma"}}, r"step_latency.dist is required, one of: none, constant, lognormal, normal, empirical"),
-    ({"step_latency": {"median_s": 1}}, r"step_latency.dist is required"),
-    ({"reset_latency": {"dist": "lognormal", "median_s": 0, "sigma": 1}}, r"reset_latency.median_s: Input should be greater than 0"),
-    ({"reset_latency": {"dist": "lognormal", "median_s": 1}}, r"reset_latency.sigma: Field required"),
-    ({"reset_fail": 1.5}, r"reset_fail: Input should be less than or equal to 1"),
-    ({"hang_p": -0.1}, r"hang_p: Input should be greater than or equal to 0"),
-    ({"time_scale": "fast"}, r"time_scale: Input should be a valid number"),
-    ({"reset_latency": {"dist": "empirical", "file": "missing.csv"}}, r"reset_latency: latency file .*missing.csv' not found"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"bogus": 1}, r"unknown key 'bogus'; allowed: seed, reset_latency, step_latency, reset_fail"),
+        (
+            {"reset_latency": {"dist": "lognormal", "median_s": 1, "sigma": 1, "cap": 2}},
+            r"unknown key 'reset_latency.cap'; allowed: dist, median_s, sigma, cap_s",
+        ),
+        ({"step_latency": {"dist": "gamma"}}, r"step_latency.dist is required, one of: none, constant, lognormal, normal, empirical"),
+        ({"step_latency": {"median_s": 1}}, r"step_latency.dist is required"),
+        ({"reset_latency": {"dist": "lognormal", "median_s": 0, "sigma": 1}}, r"reset_latency.median_s: Input should be greater than 0"),
+        ({"reset_latency": {"dist": "lognormal", "median_s": 1}}, r"reset_latency.sigma: Field required"),
+        ({"reset_fail": 1.5}, r"reset_fail: Input should be less than or equal to 1"),
+        ({"hang_p": -0.1}, r"hang_p: Input should be greater than or equal to 0"),
+        ({"time_scale": "fast"}, r"time_scale: Input should be a valid number"),
+        ({"reset_latency": {"dist": "empirical", "file": "missing.csv"}}, r"reset_latency: latency file .*missing.csv' not found"),
+    ],
+)
 def test_bad_specs_name_the_key(spec, message):
     with pytest.raises(ValueError, match=message):
         Injected(Echo(), spec)
@@ -273,8 +296,9 @@ def test_bad_latency_file(tmp_path):
 
 
 def test_really_sleeps_and_close_releases_a_hang():
-    env = Injected(Echo(), {"reset_latency": {"dist": "constant", "s": 10}, "step_latency": {"dist": "constant", "s": 5},
-                            "time_scale": 0.01})
+    env = Injected(
+        Echo(), {"reset_latency": {"dist": "constant", "s": 10}, "step_latency": {"dist": "constant", "s": 5}, "time_scale": 0.01}
+    )
     t0 = time.perf_counter()
     env.reset(0)
     env.step("a")

@@ -1,6 +1,7 @@
 """The LLM-as-judge reward on a cluster: a stateful reward stays on the REWARD pool (with its judge
 engine) while stateless rewards of the same run go through the Lambda API; a serverless caller
 that is not a REWARD worker hands judge items on to one."""
+
 import asyncio
 import math
 
@@ -14,14 +15,26 @@ JUDGED_MATH = dict(MATH, name="math-judged", reward="judge", eval_seeds=2)
 
 
 def _traj(action: str) -> dict:
-    return {"task": "math", "seed": 0, "turns": [{"observation": "Calculate 3 + 5.", "action": action, "env_reward": 0.0}],
-            "info": {"dataset": "basic_arithmetic", "entry": {"question": "Calculate 3 + 5.", "answer": "8", "metadata": {}}}}
+    return {
+        "task": "math",
+        "seed": 0,
+        "turns": [{"observation": "Calculate 3 + 5.", "action": action, "env_reward": 0.0}],
+        "info": {"dataset": "basic_arithmetic", "entry": {"question": "Calculate 3 + 5.", "answer": "8", "metadata": {}}},
+    }
 
 
 def test_judge_stays_on_the_reward_worker_while_other_rewards_go_serverless(address, tmp_path, model_dir, run_async):
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [dict(FROZENLAKE, token_budget=None), JUDGED_MATH],
-                                      "reward": {"mode": "serverless", "keep_warm_s": 30}, "rollout.batch_groups": 2,
-                                      "trainer.steps": 2}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "tasks": [dict(FROZENLAKE, token_budget=None), JUDGED_MATH],
+                "reward": {"mode": "serverless", "keep_warm_s": 30},
+                "rollout.batch_groups": 2,
+                "trainer.steps": 2,
+            }
+        )
+    )
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
@@ -42,7 +55,16 @@ def test_judge_stays_on_the_reward_worker_while_other_rewards_go_serverless(addr
             result = await run.run(on_step=seen_by_endpoint)
             stats = await client.run(tasks.service_stats)
             info = await client.scheduler.identity()
-            return result, run.metrics.rows, dict(run.services.rewards.functions), dict(run.services.rewards.where), stats, info, endpoint_fns, judged
+            return (
+                result,
+                run.metrics.rows,
+                dict(run.services.rewards.functions),
+                dict(run.services.rewards.where),
+                stats,
+                info,
+                endpoint_fns,
+                judged,
+            )
         finally:
             await close(run, client, cluster)
 
@@ -83,17 +105,27 @@ def test_judge_items_are_scored_on_the_reward_pool_in_both_modes(model_dir, run_
     from rollart_dask.resource.pools import submit_kwargs, worker_resources
 
     async def go():
-        workers = {name: {"cls": Worker, "options": {"nthreads": 1, "resources": worker_resources(pools), "name": name}}
-                   for name, pools in (("caller", ["SERVERLESS"]), ("judge-host", ["REWARD"]))}
-        async with SpecCluster(workers=workers, asynchronous=True, silence_logs=40) as cluster, Client(cluster, asynchronous=True) as client:
+        workers = {
+            name: {"cls": Worker, "options": {"nthreads": 1, "resources": worker_resources(pools), "name": name}}
+            for name, pools in (("caller", ["SERVERLESS"]), ("judge-host", ["REWARD"]))
+        }
+        async with (
+            SpecCluster(workers=workers, asynchronous=True, silence_logs=40) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
             await client.wait_for_workers(2)
             names = {a: w["name"] for a, w in (await client.scheduler.identity())["workers"].items()}
 
             async def stats():
                 return {names[a]: s[plugins.REWARD] for a, s in (await client.run(tasks.service_stats)).items() if plugins.REWARD in s}
 
-            spec = {"mode": "serverless", "endpoint_url": "http://127.0.0.1:9", "stateful": ["judge"], "judge_model": "smollm2",
-                    "timeout_s": 60}
+            spec = {
+                "mode": "serverless",
+                "endpoint_url": "http://127.0.0.1:9",
+                "stateful": ["judge"],
+                "judge_model": "smollm2",
+                "timeout_s": 60,
+            }
             await client.register_plugin(plugins.RewardPlugin(["SERVERLESS"], **spec), name=plugins.REWARD)
             items = [{"reward": "judge", "function": None, "trajectory": _traj(a)} for a in ("8", "13")]
             items.append({"reward": "judge", "function": None, "trajectory": {"task": "math", "turns": [], "info": {}}})
@@ -154,7 +186,10 @@ def test_a_serverless_flow_with_a_judge_needs_a_reward_worker(tmp_path, run_asyn
 
     async def go():
         workers = {"caller": {"cls": Worker, "options": {"nthreads": 1, "resources": worker_resources(["SERVERLESS"]), "name": "caller"}}}
-        async with SpecCluster(workers=workers, asynchronous=True, silence_logs=40) as cluster, Client(cluster, asynchronous=True) as client:
+        async with (
+            SpecCluster(workers=workers, asynchronous=True, silence_logs=40) as cluster,
+            Client(cluster, asynchronous=True) as client,
+        ):
             await client.wait_for_workers(1)
             plane = RewardPlane(cfg, tmp_path)
             try:

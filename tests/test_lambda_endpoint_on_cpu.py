@@ -1,4 +1,5 @@
 """The local Lambda endpoint against real boto3 calls: management, invoke semantics, pools, limits, auth."""
+
 import asyncio
 import json
 import os
@@ -24,7 +25,7 @@ from rollart_dask.data.serverless import (
 )
 from rollart_dask.tools.lambda_local import start_local_endpoint
 
-CUSTOM = '''
+CUSTOM = """
 import os, time
 VERSION = {version}
 
@@ -40,7 +41,7 @@ def handler(event, context):
     if event.get("nonreward"):
         return {{"value": 1}}
     return {{"score": float(VERSION), "success": True, "pid": os.getpid(), "remaining_ms": context.get_remaining_time_in_millis()}}
-'''
+"""
 
 
 def custom_zip(tmp_path, version: int) -> bytes:
@@ -85,8 +86,13 @@ def test_management_create_get_update_delete(client, tmp_path):
     assert deploy("fl-mgmt", "frozenlake", client, timeout=7, memory=256)["action"] == "unchanged"  # reproducible zip
     assert deploy("fl-mgmt", "frozenlake", client, timeout=9, memory=256)["configuration"]["Timeout"] == 9
     with pytest.raises(client.exceptions.ResourceConflictException):
-        client.create_function(FunctionName="fl-mgmt", Runtime="python3.12", Role="arn:aws:iam::000000000000:role/x",
-                               Handler="rollart_dask.rewards.frozenlake.handler", Code={"ZipFile": build_zip("frozenlake")})
+        client.create_function(
+            FunctionName="fl-mgmt",
+            Runtime="python3.12",
+            Role="arn:aws:iam::000000000000:role/x",
+            Handler="rollart_dask.rewards.frozenlake.handler",
+            Code={"ZipFile": build_zip("frozenlake")},
+        )
     client.put_function_concurrency(FunctionName="fl-mgmt", ReservedConcurrentExecutions=3)
     assert client.get_function(FunctionName="fl-mgmt")["Concurrency"]["ReservedConcurrentExecutions"] == 3
     assert "fl-mgmt" in [f["FunctionName"] for f in client.list_functions()["Functions"]]
@@ -108,8 +114,10 @@ def test_invoke_matches_direct_reward_frozenlake_and_math(client):
     from rollart_dask.rewards import frozenlake, reasoning
 
     deploy("fl", "frozenlake", client)
-    for traj in ({"task": "frozenlake", "info": {"success": True, "malformed": 0}, "turns": []},
-                 {"task": "frozenlake", "info": {"success": False, "malformed": 2}, "turns": []}):
+    for traj in (
+        {"task": "frozenlake", "info": {"success": True, "malformed": 0}, "turns": []},
+        {"task": "frozenlake", "info": {"success": False, "malformed": 2}, "turns": []},
+    ):
         assert invoke_reward(client, "fl", traj)[0] == frozenlake.reward(traj)
     # By ARN and with the $LATEST qualifier too; another qualifier does not exist.
     arn = client.get_function(FunctionName="fl")["Configuration"]["FunctionArn"]
@@ -185,8 +193,9 @@ def test_throttling_429_and_backoff(client, custom, endpoint):
     assert codes[0] == 200 and 429 in codes
 
     with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda _: invoke_reward(client, custom, {"sleep": 0.2}, retries=30, backoff=0.05, max_backoff=0.3),
-                                range(3)))
+        results = list(
+            pool.map(lambda _: invoke_reward(client, custom, {"sleep": 0.2}, retries=30, backoff=0.05, max_backoff=0.3), range(3))
+        )
     assert all(r["score"] == 1.0 for r, _ in results)
     assert sum(s.throttles for _, s in results) > 0 and all(s.attempts == s.retries + 1 for _, s in results)
     st = stats_of(endpoint, custom)
@@ -295,9 +304,24 @@ def test_non_loopback_bind_requires_token(tmp_path, monkeypatch):
     monkeypatch.delenv("ROLLART_LAMBDA_TOKEN", raising=False)
     with pytest.raises(ValueError, match="without an auth token"):
         start_local_endpoint(host="0.0.0.0", state_dir=tmp_path / "a")
-    cli = subprocess.run([sys.executable, "-m", "rollart_dask.tools.lambda_local.server", "--host", "0.0.0.0", "--port", "0",
-                          "--state-dir", str(tmp_path / "b")], check=False, capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if k != "ROLLART_LAMBDA_TOKEN"})
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollart_dask.tools.lambda_local.server",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--state-dir",
+            str(tmp_path / "b"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "ROLLART_LAMBDA_TOKEN"},
+    )
     assert cli.returncode != 0 and "without an auth token" in cli.stderr
 
     token = "s3cret-token-for-tests-0123456789"

@@ -1,6 +1,7 @@
 """The Python API on the shared local cluster: launch returns at once, metrics grow, pause stops
 new trajectories while those in flight finish, resume, stop drains (the last step is published,
 evaluated and checkpointed)."""
+
 import time
 
 from distributed import Client

@@ -2,6 +2,7 @@
 that never finishes (what happens on the engines and envs is tested on the cluster), so only the launcher's
 own reaction is seen. With ``max_relaunch: 0`` a failed member drops its group and cancels the rest of it;
 the launcher must then admit a group in its place, or an eager run waits for a batch that never comes."""
+
 import asyncio
 from collections import Counter
 
@@ -29,8 +30,17 @@ class Rollout:
 
 
 def test_a_group_dropped_before_its_members_started_makes_room_for_another(run_async):
-    cfg = load_flow(data=flow_dict(**{"rollout.admission": "eager", "rollout.alpha": 1, "rollout.batch_groups": 1,
-                                      "rollout.group_size": 2, "rollout.max_relaunch": 0}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "rollout.admission": "eager",
+                "rollout.alpha": 1,
+                "rollout.batch_groups": 1,
+                "rollout.group_size": 2,
+                "rollout.max_relaunch": 0,
+            }
+        )
+    )
     r = cfg.rollout
 
     async def go():

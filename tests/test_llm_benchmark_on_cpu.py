@@ -1,6 +1,7 @@
 """benchmarks/llm_vs_single_process.py, its single-process arm (c) alone for two steps of flows/llm_math.yaml (SmolLM2 with
 a LoRA adapter): the command ends well, results.json holds the arm's step times and held-out curve at the flow's
 cadence, and the adapter the engine generates with after training is the trainer's, changed from the one it started with."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,20 @@ def test_single_process_arm_trains_and_evaluates(tmp_path):
     except ModelUnavailable as e:
         pytest.skip(str(e))
     out = tmp_path / "bench"
-    cmd = [sys.executable, "benchmarks/llm_vs_single_process.py", "--arms", "c", "--rounds", "1", "--minutes", "30", "--target", "1.0",
-           "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "benchmarks/llm_vs_single_process.py",
+        "--arms",
+        "c",
+        "--rounds",
+        "1",
+        "--minutes",
+        "30",
+        "--target",
+        "1.0",
+        "--out",
+        str(out),
+    ]
     for s in ("trainer.steps=2", "eval.every=1", "eval.seeds=4", "rollout.group_size=2", "rollout.batch_groups=2"):
         cmd += ["--set", s]
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=560)

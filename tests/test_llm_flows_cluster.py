@@ -1,6 +1,7 @@
 """The real-LM flows as a user runs them (`rollart run`), on tiny budgets: SmolLM2-135M-Instruct with a LoRA adapter on
 arithmetic in free text (single turn) and on FrozenLake described in words (several turns). Each trains a few steps: the
 adapter's weights move, every held-out call completes, and samples.jsonl holds each turn exactly as the model saw it."""
+
 import json
 import subprocess
 import sys
@@ -10,8 +11,20 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--set", "trainer.steps=2", "--set", "rollout.group_size=4", "--set", "rollout.batch_groups=2", "--set", "eval.seeds=6",
-        "--set", "eval.every=0", "--set", "observe.progress=false"]
+TINY = [
+    "--set",
+    "trainer.steps=2",
+    "--set",
+    "rollout.group_size=4",
+    "--set",
+    "rollout.batch_groups=2",
+    "--set",
+    "eval.seeds=6",
+    "--set",
+    "eval.every=0",
+    "--set",
+    "observe.progress=false",
+]
 
 
 @pytest.mark.parametrize("flow, task, turns", [("llm_math", "math", 1), ("llm_frozenlake", "frozenlake", 3)])
@@ -20,8 +33,12 @@ def test_a_real_lm_flow_trains_its_adapter_and_evaluates_without_a_failed_call(t
 
     out = tmp_path / flow
     extra = ["--set", f"tasks.{task}.max_turns={turns}"]
-    res = subprocess.run([sys.executable, "-m", "rollart_dask.entry.cli", "run", f"flows/{flow}.yaml", "--out", str(out), *TINY, *extra],
-                         capture_output=True, text=True, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-m", "rollart_dask.entry.cli", "run", f"flows/{flow}.yaml", "--out", str(out), *TINY, *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     evals = [r["eval"][task] for r in rows if r["kind"] == "eval"]

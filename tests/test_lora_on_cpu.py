@@ -1,5 +1,6 @@
 """LoRA (trainer.lora): the trainer trains and publishes the adapter alone, engines swap it in place on their
 base, checkpoints are peft adapters, and `rollart merge` folds one into a full model."""
+
 import json
 
 import pytest
@@ -18,8 +19,16 @@ IDS = torch.tensor([[1, 5, 9, 13, 17, 21]])
 
 def _samples(engine, n=8):
     reqs = [{"id": f"s{i}", "prompt": "SFFF\nFPFH", "choices": ["L", "D", "R", "U"], "max_tokens": 2, "temperature": 1.0} for i in range(n)]
-    return [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
-             "advantage": 1.0 if c.text == "U" else -1.0} for c in engine.generate(reqs)]
+    return [
+        {
+            "prompt_ids": c.prompt_ids,
+            "response_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "allowed_ids": c.allowed_ids,
+            "advantage": 1.0 if c.text == "U" else -1.0,
+        }
+        for c in engine.generate(reqs)
+    ]
 
 
 def _trained(model_dir, steps=3):
@@ -112,8 +121,10 @@ def test_vllm_and_the_torch_engine_give_the_same_greedy_tokens_after_each_adapte
     trainer = TorchTrainer(str(model_dir), lr=1e-2, lora=LORA)
     vllm, torch_engine = VLLMEngine(str(model_dir), lora=LORA, max_batch=8), TorchEngine(str(model_dir), lora=LORA)
     prompts = ["SFFF\nFPFH", "GHFF\nPFFH", "FFFH\nHFFG"]
-    reqs = lambda tag: [{"id": f"{tag}{i}", "prompt": p, "choices": None, "max_tokens": 10, "temperature": 0.0}  # noqa: E731
-                        for i, p in enumerate(prompts)]
+
+    def reqs(tag):
+        return [{"id": f"{tag}{i}", "prompt": p, "choices": None, "max_tokens": 10, "temperature": 0.0} for i, p in enumerate(prompts)]
+
     before = [c.token_ids for c in vllm.generate(reqs("b"))]
     torch.manual_seed(1)
     for version in (1, 2):  # two swaps: the second replaces the first adapter

@@ -1,16 +1,35 @@
 """Math env (reasoning-gym generators, their own verifiers) and its reward."""
+
 import pytest
 
 from rollart_dask.envs.reasoning import MathEnv, extract_answer
 from rollart_dask.rewards.reasoning import handler, reward
 
-EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False}
+EASY = {
+    "min_terms": 2,
+    "max_terms": 2,
+    "min_digits": 1,
+    "max_digits": 1,
+    "operators": ["+", "-"],
+    "allow_parentheses": False,
+    "allow_negation": False,
+}
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("\\boxed{42}", "42"), ("so the result is \\boxed{-7}.", "-7"), ("Answer: 13", "13"), ("The final answer is 8.", "8"),
-    ("<answer>5</answer>", "5"), ("3 plus 4 makes 7", "7"), ("1,234", "1234"), ("no number here", None), ("", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("\\boxed{42}", "42"),
+        ("so the result is \\boxed{-7}.", "-7"),
+        ("Answer: 13", "13"),
+        ("The final answer is 8.", "8"),
+        ("<answer>5</answer>", "5"),
+        ("3 plus 4 makes 7", "7"),
+        ("1,234", "1234"),
+        ("no number here", None),
+        ("", None),
+    ],
+)
 def test_answer_extraction_is_tolerant_of_the_usual_formats(text, expected):
     assert extract_answer(text) == expected
 

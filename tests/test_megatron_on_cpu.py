@@ -5,14 +5,16 @@ torch trainer), HF checkpoints, the flow's validation errors, and a short flow r
 megatron-core is a GPU library; on this CPU-only torch it runs inside ``cpu_redirect()``. Megatron's
 own optimizer and pipeline schedules need CUDA: deploy/gpu/check_megatron.py covers them on a GPU.
 """
+
 import importlib.util
 import math
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,
-                                reason="megatron-core is not installed (pip install -e '.[megatron]')")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed (pip install -e '.[megatron]')"
+)
 
 from rollart_dask.config import FlowError, load_flow
 from rollart_dask.data import trainer_megatron as tm
@@ -30,8 +32,15 @@ def _hf_pair(kind: str):
         Qwen2ForCausalLM,
     )
 
-    common = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, num_hidden_layers=2,
-                  vocab_size=99, max_position_embeddings=64)
+    common = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        vocab_size=99,
+        max_position_embeddings=64,
+    )
     if kind == "qwen2":  # tied embeddings, q/k/v bias, GQA
         config, cls = Qwen2Config(**common, tie_word_embeddings=True), Qwen2ForCausalLM
     else:  # Llama / SmolLM2 family: untied, no bias, another RoPE base
@@ -57,8 +66,10 @@ def test_hf_megatron_round_trip_is_exact(kind, model_dir):
         back = tm.megatron_to_hf(meg, cfg)
         assert back.keys() == hf.keys()
         assert all(torch.equal(back[k], hf[k]) for k in hf)
-        assert torch.equal(tm.hf_to_megatron(back, cfg)["decoder.layers.0.self_attention.linear_qkv.weight"],
-                           meg["decoder.layers.0.self_attention.linear_qkv.weight"])
+        assert torch.equal(
+            tm.hf_to_megatron(back, cfg)["decoder.layers.0.self_attention.linear_qkv.weight"],
+            meg["decoder.layers.0.self_attention.linear_qkv.weight"],
+        )
     # tensor/pipeline shards put back together give the full state dict (vocab padded to a multiple of tp)
     for tp, pp in [(2, 1), (1, 2), (2, 2)]:
         full = tm.hf_to_megatron(model.state_dict(), config, tp)
@@ -94,8 +105,15 @@ def _samples(tokenizer, n=8):
     out = []
     for i in range(n):
         extra = tokenizer.encode("F" * (i % 3))  # a few prompt lengths: padding and micro-batch sorting are exercised
-        out.append({"prompt_ids": prompt + extra, "response_ids": [actions[i % 4]], "logprobs": [math.log(0.25)],
-                    "allowed_ids": [actions], "advantage": 1.0 if i % 2 else -1.0})
+        out.append(
+            {
+                "prompt_ids": prompt + extra,
+                "response_ids": [actions[i % 4]],
+                "logprobs": [math.log(0.25)],
+                "allowed_ids": [actions],
+                "advantage": 1.0 if i % 2 else -1.0,
+            }
+        )
     return out
 
 
@@ -156,8 +174,17 @@ def test_unsupported_models_and_layouts_are_clear_errors():
         tm.check_hf_config(LlamaConfig(**llama), tp=4)
     with pytest.raises(ValueError, match=r"pp=3 must divide the layers \(2\)"):
         tm.check_hf_config(LlamaConfig(**llama), pp=3)
-    scaled = LlamaConfig(**llama, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 64, "rope_theta": 10000.0})
+    scaled = LlamaConfig(
+        **llama,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_theta": 10000.0,
+        },
+    )
     with pytest.raises(ValueError, match="RoPE scaling 'llama3'"):
         tm.check_hf_config(scaled)
 

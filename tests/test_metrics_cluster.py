@@ -1,6 +1,7 @@
 """The runs' live figures on the Dask scheduler's own /metrics (Prometheus text), scraped while a run goes on;
 every series the Grafana dashboard in deploy/monitoring queries is among them. And the RollArt page listed where
 JupyterLab's Dask extension looks (the scheduler preload)."""
+
 import json
 import re
 import time
@@ -37,8 +38,11 @@ def test_a_scrape_of_the_schedulers_metrics_during_a_run_returns_the_rollart_ser
                 assert run.status in ("starting", "running"), run.error
                 assert time.monotonic() - t0 < 300, f"after 300 s the scrape still lacks {sorted(wanted - set(series))}"
                 time.sleep(1.0)
-                series = {name: [s for s in samples if s.labels.get("run") == run.run_id] for name, samples in scrape(url).items()
-                          if name.startswith("rollart_")}
+                series = {
+                    name: [s for s in samples if s.labels.get("run") == run.run_id]
+                    for name, samples in scrape(url).items()
+                    if name.startswith("rollart_")
+                }
                 version = [s.value for s in series.get("rollart_version", [])]
                 held = [s.value for s in series.get("rollart_held_out_version", [])]
                 if wanted <= {n for n, v in series.items() if v} and version and version[0] >= 3 and held and held[0] >= 2:

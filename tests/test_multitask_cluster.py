@@ -1,24 +1,67 @@
 """Multi-task flows on the shared local cluster: per-task group sizes, turn/token budgets and env
 slots, per-task metrics and held-out scores, and labelled env failure injection."""
+
 import json
 
 from rollart_dask.entry.api import run_flow
 from rollart_dask.config import load_flow
 from tests.conftest import close, flow_dict, start_run
 
-MATH = {"name": "math", "env": "math", "reward": "math", "affinity": "decode", "max_turns": 1, "max_tokens": 4, "group_size": 2,
-        "env_args": {"dataset": "basic_arithmetic", "choices": [-10, 20],
-                     "dataset_args": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
-                                      "allow_parentheses": False, "allow_negation": False}}}
-SOKOBAN = {"name": "sokoban", "env": "sokoban", "reward": "sokoban", "affinity": "prefill", "max_turns": 6, "max_tokens": 2,
-           "env_concurrency": 1}
-FROZENLAKE = {"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 6, "max_tokens": 2,
-              "token_budget": 3, "group_size": 4}
+MATH = {
+    "name": "math",
+    "env": "math",
+    "reward": "math",
+    "affinity": "decode",
+    "max_turns": 1,
+    "max_tokens": 4,
+    "group_size": 2,
+    "env_args": {
+        "dataset": "basic_arithmetic",
+        "choices": [-10, 20],
+        "dataset_args": {
+            "min_terms": 2,
+            "max_terms": 2,
+            "min_digits": 1,
+            "max_digits": 1,
+            "operators": ["+", "-"],
+            "allow_parentheses": False,
+            "allow_negation": False,
+        },
+    },
+}
+SOKOBAN = {
+    "name": "sokoban",
+    "env": "sokoban",
+    "reward": "sokoban",
+    "affinity": "prefill",
+    "max_turns": 6,
+    "max_tokens": 2,
+    "env_concurrency": 1,
+}
+FROZENLAKE = {
+    "name": "frozenlake",
+    "env": "frozenlake",
+    "reward": "frozenlake",
+    "affinity": "prefill",
+    "max_turns": 6,
+    "max_tokens": 2,
+    "token_budget": 3,
+    "group_size": 4,
+}
 
 
 def test_multitask_flow_reports_per_task_and_honours_per_task_settings(address, tmp_path, model_dir, run_async):
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [FROZENLAKE, SOKOBAN, MATH],
-                                      "rollout.batch_groups": 6, "rollout.group_size": 3, "trainer.steps": 3}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "tasks": [FROZENLAKE, SOKOBAN, MATH],
+                "rollout.batch_groups": 6,
+                "rollout.group_size": 3,
+                "trainer.steps": 3,
+            }
+        )
+    )
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
@@ -52,7 +95,12 @@ def test_multitask_flow_reports_per_task_and_honours_per_task_settings(address, 
 
 
 def test_injected_env_failures_are_retried_relaunched_counted_and_labelled(address, tmp_path, model_dir, run_async):
-    inject = {"seed": 3, "reset_fail": 0.3, "step_fail": 0.05, "reset_latency": {"dist": "lognormal", "median_s": 0.01, "sigma": 1.0, "cap_s": 0.1}}
+    inject = {
+        "seed": 3,
+        "reset_fail": 0.3,
+        "step_fail": 0.05,
+        "reset_latency": {"dist": "lognormal", "median_s": 0.01, "sigma": 1.0, "cap_s": 0.1},
+    }
     task = dict(FROZENLAKE, token_budget=None, inject=inject)
     cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [task], "trainer.steps": 2, "rollout.retries": 1}))
     result = run_async(run_flow(cfg, tmp_path))
@@ -68,8 +116,16 @@ def test_injected_env_failures_are_retried_relaunched_counted_and_labelled(addre
 def test_warm_start_runs_before_the_first_held_out_evaluation(address, tmp_path, model_dir, run_async):
     """Expert demonstrations are played on the env workers and imitated on the trainer; the
     result is version 1, and the first held-out evaluation measures it (not the random init)."""
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [FROZENLAKE, MATH], "trainer.steps": 2,
-                                      "warmstart": {"steps": 30, "episodes": 20, "batch": 32, "tasks": {"frozenlake": 1, "math": 1}}}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "tasks": [FROZENLAKE, MATH],
+                "trainer.steps": 2,
+                "warmstart": {"steps": 30, "episodes": 20, "batch": 32, "tasks": {"frozenlake": 1, "math": 1}},
+            }
+        )
+    )
     result = run_async(run_flow(cfg, tmp_path))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     warm = [r for r in rows if r["kind"] == "warmstart"]

@@ -2,6 +2,7 @@
 notebooks/) with a tiny budget injected after their parameters cell, papermill-style; and a run
 steered through the Python API from inside a notebook kernel. A cell that raises (an assert
 included) fails the test with the cell and its traceback."""
+
 import sys
 from pathlib import Path
 
@@ -25,8 +26,9 @@ def with_parameters(nb, **params):
 
 def execute(nb, cell_timeout=900):
     """Run every cell in a fresh ``python3`` kernel; raises CellExecutionError on the first cell that fails."""
-    client = NotebookClient(nb, kernel_name="python3", timeout=cell_timeout, startup_timeout=120,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = NotebookClient(
+        nb, kernel_name="python3", timeout=cell_timeout, startup_timeout=120, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     client.execute()
     return nb
 
@@ -36,8 +38,10 @@ def outputs(nb, mime: str) -> list[str]:
 
 
 def code_notebook(*cells: str):
-    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src.strip("\n")) for src in cells],
-                                    metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    return nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(src.strip("\n")) for src in cells],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
 
 
 @pytest.mark.parametrize("name", ["quickstart.ipynb", "ablations.ipynb"])
@@ -132,7 +136,9 @@ run  # the view of a finished run (its own client is closed by now)
     )
     execute(nb, cell_timeout=300)
     # the handle's views, rendered by the kernel as the cells' results
-    running, finished = ([o for o in c.outputs if o["output_type"] == "execute_result"][0]["data"]["text/html"] for c in (nb.cells[2], nb.cells[-1]))
+    running, finished = (
+        [o for o in c.outputs if o["output_type"] == "execute_result"][0]["data"]["text/html"] for c in (nb.cells[2], nb.cells[-1])
+    )
     assert "rollart-dask run" in running and "<progress" in running and "H800: " in running and "train-0" in running
     assert "finished" in finished and "held-out" in finished and "dashboard" in finished
     assert (tmp_path / "checkpoints" / "latest").exists()
@@ -140,9 +146,20 @@ run  # the view of a finished run (its own client is closed by now)
 
 def test_quickstart_notebook_with_a_tiny_budget(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "quickstart.ipynb", as_version=4)
-    with_parameters(nb, STEPS=3, MINUTES=5, EVAL_SEEDS=5, EVAL_EVERY=2, BATCH_GROUPS=2, TENSORBOARD=False, REFRESH_S=1, EPISODES=2,
-                    OUT=str(tmp_path / "run"))
-    nb.cells.append(nbformat.v4.new_code_cell("""
+    with_parameters(
+        nb,
+        STEPS=3,
+        MINUTES=5,
+        EVAL_SEEDS=5,
+        EVAL_EVERY=2,
+        BATCH_GROUPS=2,
+        TENSORBOARD=False,
+        REFRESH_S=1,
+        EPISODES=2,
+        OUT=str(tmp_path / "run"),
+    )
+    nb.cells.append(
+        nbformat.v4.new_code_cell("""
 assert run.status == "finished" and result["steps"] == 3, (run.status, result["steps"])
 assert [int(v) for v in run.evals["step"]] == [0, 2, 3] and Path(run.checkpoint_path, "config.json").is_file()
 assert len(episodes) == EPISODES and episodes["turns"].between(1, task.max_turns).all()
@@ -151,7 +168,8 @@ import yaml
 initial = AutoModelForCausalLM.from_pretrained(yaml.safe_load(Path(OUT, "flow.yaml").read_text())["_effective"]["model_dir"]).state_dict()
 assert [k for k, v in model.state_dict().items() if not torch.equal(v, initial[k])]
 assert client.status == "closed"
-"""))
+""")
+    )
     execute(nb)
     html = "".join(outputs(nb, "text/html"))
     assert "Dashboard" in html and "rollart-dask run" in html  # the Client's view with its dashboard link, the run's view
@@ -163,13 +181,15 @@ assert client.status == "closed"
 def test_ablations_notebook_runs_one_tiny_figure(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "ablations.ipynb", as_version=4)
     with_parameters(nb, FIGURES=["fig12a_env_level"], SCALE="tiny", OUT=str(tmp_path))
-    nb.cells.append(nbformat.v4.new_code_cell("""
+    nb.cells.append(
+        nbformat.v4.new_code_cell("""
 import matplotlib
 table = tables["fig12a_env_level"]
 assert list(tables) == ["fig12a_env_level"] and len(table) == 4 and table["paper_vs_baseline"].notna().all()
 assert (table["ours"] > 0).all() and (table["ideal"] > 0).all()
 assert "inline" in matplotlib.get_backend()  # writing results.png left the kernel's plotting backend alone
-"""))
+""")
+    )
     execute(nb)
     assert outputs(nb, "image/png") and "paper_vs_baseline" in "".join(outputs(nb, "text/html"))
     assert (tmp_path / "fig12a_env_level" / "results.png").stat().st_size > 5000

@@ -1,5 +1,6 @@
 """Off-policy corrections (trainer.correction; algo/losses.off_policy) on tensors whose answer is known, and through the
 real trainer: IS weights are 1 on on-policy data, truncated (tis) or dropped (decoupled) past the cap off it."""
+
 import math
 
 import pytest
@@ -19,7 +20,11 @@ def test_on_policy_data_has_weight_one_and_the_gradient_of_no_correction(correct
     logp, mask, adv = _batch()
     old, w, kept, stats = off_policy(correction, logp, logp.detach().clone(), mask, cap=2.0)
     assert torch.equal(w, mask.float()) and torch.equal(kept, mask)
-    assert stats["is_weight_mean"] == 1.0 and stats["is_weight_p99"] == 1.0 and max(stats.get("is_truncated", 0), stats.get("is_dropped", 0)) == 0
+    assert (
+        stats["is_weight_mean"] == 1.0
+        and stats["is_weight_p99"] == 1.0
+        and max(stats.get("is_truncated", 0), stats.get("is_dropped", 0)) == 0
+    )
     loss, _ = ppo_clip_loss(logp, old, adv, kept, clip=0.2, is_weights=w)
     (g,) = torch.autograd.grad(loss, logp)
     logp2, _, _ = _batch()

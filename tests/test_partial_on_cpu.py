@@ -1,6 +1,7 @@
 """rollout.partial=continue without a cluster: a turn interrupted by Suspend goes on from its prefix. The engines
 continue exactly where they stopped (same greedy tokens as never stopping, a choice half decoded stays a choice), the
 emulated engine returns what it generated before an abort, and the proxy joins the pieces with a version per token."""
+
 import threading
 
 import torch
@@ -42,12 +43,20 @@ def test_a_choice_continued_half_way_is_still_one_of_the_choices(model_dir):
 
 
 def test_emulated_engine_returns_what_it_generated_before_an_abort_and_continues_from_it():
-    engine = ENGINES.get("emulated").from_config(EngineConfig(), model_dir="", pool="H20",
-                                                 emulation=EmulationConfig(time_scale=0.05, pools={"H20": {"gpu": "H20", "gpus": 1, "tp": 1}}))
+    engine = ENGINES.get("emulated").from_config(
+        EngineConfig(),
+        model_dir="",
+        pool="H20",
+        emulation=EmulationConfig(time_scale=0.05, pools={"H20": {"gpu": "H20", "gpus": 1, "tp": 1}}),
+    )
     emulate = {"prompt_tokens": 64, "output_tokens": 20_000}
     done: list = []
-    runner = threading.Thread(target=lambda: done.extend(engine.generate([{"id": "m#0", "prompt": "", "max_tokens": 30_000,
-                                                                            "temperature": 1.0, "emulate": emulate}])), daemon=True)
+    runner = threading.Thread(
+        target=lambda: done.extend(
+            engine.generate([{"id": "m#0", "prompt": "", "max_tokens": 30_000, "temperature": 1.0, "emulate": emulate}])
+        ),
+        daemon=True,
+    )
     runner.start()
     (instance,) = engine.engines
 
@@ -61,8 +70,9 @@ def test_emulated_engine_returns_what_it_generated_before_an_abort_and_continues
     (cut,) = done
     k = len(cut.token_ids)
     assert cut.finish_reason == "abort" and 0 < k < 20_000 and len(cut.logprobs) == k
-    (rest,) = engine.generate([{"id": "m#1", "prompt": "", "max_tokens": 30_000 - k, "temperature": 1.0, "emulate": emulate,
-                                "prefix_ids": list(cut.token_ids)}])
+    (rest,) = engine.generate(
+        [{"id": "m#1", "prompt": "", "max_tokens": 30_000 - k, "temperature": 1.0, "emulate": emulate, "prefix_ids": list(cut.token_ids)}]
+    )
     assert len(rest.token_ids) == 20_000 - k and len(rest.prompt_ids) == 64 + k  # the rest, after re-prefilling the prefix
 
 

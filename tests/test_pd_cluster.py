@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation end to end on the local cluster (torch engine): every generate call
 is prefilled on the H800 engine and decoded on the H20 engine, whose task receives the KV cache
 from the H800 worker through Dask."""
+
 import json
 import time
 
@@ -11,8 +12,17 @@ from tests.conftest import close, flow_dict, start_run
 
 def test_pd_flow_ships_kv_from_prefill_to_decode_worker(address, tmp_path, model_dir, run_async):
     task = {"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake", "affinity": "prefill", "max_turns": 3, "max_tokens": 3}
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [task], "engine.constrained": False,  # free text: tokens after the first
-                                      "rollout.pd": {"prefill": "H800", "decode": "H20"}, "trainer.steps": 2}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "tasks": [task],
+                "engine.constrained": False,  # free text: tokens after the first
+                "rollout.pd": {"prefill": "H800", "decode": "H20"},
+                "trainer.steps": 2,
+            }
+        )
+    )
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
@@ -36,7 +46,9 @@ def test_pd_flow_ships_kv_from_prefill_to_decode_worker(address, tmp_path, model
         stage = key.rsplit("-", 1)[0]
         where.setdefault(stage, set()).add(names[rec["worker"]])
         if stage == "pd-decode":
-            sources |= {names.get(s["source"], s["source"]) for s in rec.get("startstops", []) if s.get("action") == "transfer" and "source" in s}
+            sources |= {
+                names.get(s["source"], s["source"]) for s in rec.get("startstops", []) if s.get("action") == "transfer" and "source" in s
+            }
     assert where.get("pd-prefill") == {"h800-0"} and where.get("pd-decode") == {"h20-0"}, where
     assert "generate" not in where  # no call went around the disaggregated route
     assert "h800-0" in sources  # the decode tasks fetched their input (the KV caches) from the prefill worker
@@ -61,4 +73,6 @@ def test_pd_on_emulated_hardware_streams_decodes_and_reports_modelled_times(tmp_
     assert result["steps"] == 2 and len(steps) == 2
     pd = steps[-1]["pd"]
     assert pd["kv_bytes_shipped"] > 0 and pd["decode_requests"] > 0 and pd["reprefilled"] == 0
-    assert pd["emulated"]["prefill_s"] > 0 and pd["emulated"]["kv_transfer_s"] > 0 and pd["emulated"]["decode_s"] > pd["emulated"]["prefill_s"]
+    assert (
+        pd["emulated"]["prefill_s"] > 0 and pd["emulated"]["kv_transfer_s"] > 0 and pd["emulated"]["decode_s"] > pd["emulated"]["prefill_s"]
+    )

@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation without a cluster: the torch engine's prefill on one engine and
 decode on another give the tokens of the plain engine; version mismatch; config errors; and the
 emulated engine's modelled PD times against the formula."""
+
 import pickle
 
 import pytest
@@ -19,8 +20,16 @@ def engines(model_dir):
 
 
 def batch(tag, choices=None, max_tokens=12, temperature=0.0):
-    return [{"id": f"{tag}{i}", "prompt": p, "choices": list(choices) if choices else None, "max_tokens": max_tokens, "temperature": temperature}
-            for i, p in enumerate(PROMPTS)]
+    return [
+        {
+            "id": f"{tag}{i}",
+            "prompt": p,
+            "choices": list(choices) if choices else None,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        for i, p in enumerate(PROMPTS)
+    ]
 
 
 def shipped(handles):
@@ -31,8 +40,14 @@ def shipped(handles):
 def assert_same(plain, pd):
     assert len(plain) == len(pd)
     for a, b in zip(plain, pd):
-        assert (a.token_ids, a.finish_reason, a.allowed_ids, a.prompt_ids, a.text, a.version) == \
-            (b.token_ids, b.finish_reason, b.allowed_ids, b.prompt_ids, b.text, b.version)
+        assert (a.token_ids, a.finish_reason, a.allowed_ids, a.prompt_ids, a.text, a.version) == (
+            b.token_ids,
+            b.finish_reason,
+            b.allowed_ids,
+            b.prompt_ids,
+            b.text,
+            b.version,
+        )
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
 
 
@@ -81,8 +96,10 @@ def test_pd_mixed_batch_and_identical_prompts(engines):
     assert_same(reference, out)
     # decoding handles from several prefill calls together (another batch on B) changes nothing
     h1, h2 = a.prefill(batch("s1")), a.prefill(batch("s2", choices=("left", "down"), max_tokens=8))
-    assert_same(plain.generate(batch("s1")) + plain.generate(batch("s2", choices=("left", "down"), max_tokens=8)),
-                b.decode_from_prefill(shipped(h1 + h2)))
+    assert_same(
+        plain.generate(batch("s1")) + plain.generate(batch("s2", choices=("left", "down"), max_tokens=8)),
+        b.decode_from_prefill(shipped(h1 + h2)),
+    )
 
 
 def test_pd_sampled_decoding_keeps_logprobs_consistent(engines):
@@ -211,7 +228,15 @@ def test_pd_launch_refuses_auto_resolving_to_vllm_before_touching_the_cluster(mo
 # -- emulated engine: modelled PD times --------------------------------------------------------------------
 def test_emulated_pd_times_follow_the_formula():
     from rollart_dask.tools.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
-    from rollart_dask.tools.emulation.hardware import H20, H800, QWEN3_8B, decode_step_seconds, kv_transfer_seconds, pd_request_seconds, prefill_seconds
+    from rollart_dask.tools.emulation.hardware import (
+        H20,
+        H800,
+        QWEN3_8B,
+        decode_step_seconds,
+        kv_transfer_seconds,
+        pd_request_seconds,
+        prefill_seconds,
+    )
 
     prompt, output, link = 3000, 200, 25.0
     f = pd_request_seconds(QWEN3_8B, H800, H20, prompt, output, link)
@@ -237,13 +262,17 @@ def test_emulated_pd_times_follow_the_formula():
     assert h.emulated["prefill_s"] == pytest.approx(f["prefill_s"]) and a.batch.clock == pytest.approx(f["prefill_s"])
     (c,) = b.decode_from_prefill([h])
     assert c.finish_reason == "length" and len(c.token_ids) == output
-    assert b.batch.clock == pytest.approx(f["decode_s"]) and b.stats["pd_emulated_kv_transfer_s"] == pytest.approx(kv_transfer_seconds(QWEN3_8B, prompt, link))
+    assert b.batch.clock == pytest.approx(f["decode_s"]) and b.stats["pd_emulated_kv_transfer_s"] == pytest.approx(
+        kv_transfer_seconds(QWEN3_8B, prompt, link)
+    )
     assert b.stats["pd_kv_bytes_in"] == a.stats["pd_kv_bytes_out"] == h.kv_bytes
     assert b.stats["pd_emulated_decode_s"] == pytest.approx(f["decode_s"])
     # the same request on one H800 engine without disaggregation costs prefill + decode on H800
     alone = EmulatedEngine(QWEN3_8B, H800, time_scale=0)
     alone.generate([dict(req, id="t1#1")])
-    assert alone.batch.clock == pytest.approx(f["prefill_s"] + sum(decode_step_seconds(QWEN3_8B, H800, 1, prompt + 1 + k) for k in range(output - 1)))
+    assert alone.batch.clock == pytest.approx(
+        f["prefill_s"] + sum(decode_step_seconds(QWEN3_8B, H800, 1, prompt + 1 + k) for k in range(output - 1))
+    )
 
 
 def test_emulated_pd_versions_and_single_token_requests():

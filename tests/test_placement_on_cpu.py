@@ -1,5 +1,6 @@
 """affinity auto (control/placement.py): the profile measured from a task's own calls, the synthetic workload it
 becomes, the predictor's ranking, and the flow's rules — without a cluster."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -17,8 +18,10 @@ WORKLOAD = "flows/ablations/workloads/multitask.yaml"
 def _workload(**affinity):
     data = yaml.safe_load(open(WORKLOAD).read())
     data["tasks"] = [t for t in data["tasks"] if t["name"] in ("frozenlake", "math")]
-    return load_flow(data=data, overrides=["emulation.pools.H800.gpus=2", "emulation.pools.H20.gpus=2",
-                                           *(f"tasks.{t}.affinity={a}" for t, a in affinity.items())])
+    return load_flow(
+        data=data,
+        overrides=["emulation.pools.H800.gpus=2", "emulation.pools.H20.gpus=2", *(f"tasks.{t}.affinity={a}" for t, a in affinity.items())],
+    )
 
 
 def _turn(prompt, response):
@@ -52,8 +55,15 @@ def test_the_profiler_measures_first_prompts_new_tokens_responses_turns_and_pref
     assert fl["trajectories"] == 4 and fl["turns"] == 3 and fl["prompt_tokens"] == 100 and fl["output_tokens"] == 10
     assert fl["obs_tokens"] == 20  # the new tokens of later turns: what the conversation added
     assert fl["prefix_hit"] == pytest.approx((110 + 140) / (100 + 130 + 160))  # per trajectory: reused / prompt tokens
-    assert prof["math"] == {"trajectories": 1, "turns": 1.0, "lengths_from": "answered", "prompt_tokens": 30, "output_tokens": 300,
-                            "obs_tokens": 0, "prefix_hit": 0.0}
+    assert prof["math"] == {
+        "trajectories": 1,
+        "turns": 1.0,
+        "lengths_from": "answered",
+        "prompt_tokens": 30,
+        "output_tokens": 300,
+        "obs_tokens": 0,
+        "prefix_hit": 0.0,
+    }
     p.active = False  # after the decision started, later turns are not counted
     p.observe("math", [], SimpleNamespace(prompt_ids=[1], token_ids=[1]))
     assert p.profile()["math"]["trajectories"] == 1
@@ -64,14 +74,18 @@ def test_a_profile_becomes_a_synthetic_workload_and_every_mapping_is_ranked():
 
     cfg = _workload(frozenlake="auto", math="auto")
     assert [task_pool(t) for t in cfg.tasks] == [None, None] and task_pools(cfg.tasks[0]) == ("H800", "H20")  # any, until placed
-    profile = {"frozenlake": {"turns": 8, "prompt_tokens": 1200, "obs_tokens": 400, "output_tokens": 48, "prefix_hit": 0.8},
-               "math": {"turns": 1, "prompt_tokens": 300, "obs_tokens": 0, "output_tokens": 3000, "prefix_hit": 0.0}}
+    profile = {
+        "frozenlake": {"turns": 8, "prompt_tokens": 1200, "obs_tokens": 400, "output_tokens": 48, "prefix_hit": 0.8},
+        "math": {"turns": 1, "prompt_tokens": 300, "obs_tokens": 0, "output_tokens": 3000, "prefix_hit": 0.0},
+    }
     flow = profiled_flow(cfg, profile, steps=5)
     fl = next(t for t in flow["tasks"] if t["name"] == "frozenlake")
     assert fl["env_args"]["obs_tokens"] == 400 and fl["env_args"]["success_p"] == 0.5 and fl["affinity"] == "any"
     ranking = rank_mappings(flow, ["frozenlake", "math"], {"H800": 1, "H20": 1}, seeds=1)
     assert len(ranking) == 9 and [r["step_s"] for r in ranking] == sorted(r["step_s"] for r in ranking)
-    assert {tuple(r["mapping"].values()) for r in ranking} == {(a, b) for a in ("prefill", "decode", "any") for b in ("prefill", "decode", "any")}
+    assert {tuple(r["mapping"].values()) for r in ranking} == {
+        (a, b) for a in ("prefill", "decode", "any") for b in ("prefill", "decode", "any")
+    }
     assert ranking[-1]["step_s"] > 1.1 * ranking[0]["step_s"]  # on small pools the mapping matters
     assert task_pool(cfg.tasks[1], placed={"math": "decode"}) == "H20"
 
@@ -93,8 +107,10 @@ def test_a_previous_runs_profile_places_the_tasks_before_rollout(tmp_path):
 
     from rollart_dask.control.placement import AutoPlacement
 
-    profile = {"frozenlake": {"turns": 8, "prompt_tokens": 1200, "obs_tokens": 400, "output_tokens": 48, "prefix_hit": 0.8},
-               "math": {"turns": 1, "prompt_tokens": 300, "obs_tokens": 0, "output_tokens": 3000, "prefix_hit": 0.0}}
+    profile = {
+        "frozenlake": {"turns": 8, "prompt_tokens": 1200, "obs_tokens": 400, "output_tokens": 48, "prefix_hit": 0.8},
+        "math": {"turns": 1, "prompt_tokens": 300, "obs_tokens": 0, "output_tokens": 3000, "prefix_hit": 0.0},
+    }
     (tmp_path / "before").mkdir()
     (tmp_path / "before" / "placement.json").write_text(json.dumps({"profile": profile, "runtime_factor": 1.25}))
     cfg = _workload(frozenlake="auto", math="decode")
@@ -112,8 +128,10 @@ def test_a_previous_runs_profile_places_the_tasks_before_rollout(tmp_path):
         asyncio.run(AutoPlacement(cfg, tmp_path / "run2", lambda: {"H800": 1, "H20": 1}).start())
 
 
-LONG_PROMPTS = {"frozenlake": {"turns": 4, "prompt_tokens": 16000, "obs_tokens": 4000, "output_tokens": 300, "prefix_hit": 0.8},
-                "math": {"turns": 1, "prompt_tokens": 12000, "obs_tokens": 0, "output_tokens": 600, "prefix_hit": 0.0}}
+LONG_PROMPTS = {
+    "frozenlake": {"turns": 4, "prompt_tokens": 16000, "obs_tokens": 4000, "output_tokens": 300, "prefix_hit": 0.8},
+    "math": {"turns": 1, "prompt_tokens": 12000, "obs_tokens": 0, "output_tokens": 600, "prefix_hit": 0.0},
+}
 
 
 def test_pd_auto_ranks_disaggregation_either_way_beside_every_mapping_and_the_kv_link_counts():
@@ -125,8 +143,9 @@ def test_pd_auto_ranks_disaggregation_either_way_beside_every_mapping_and_the_kv
     assert flow["rollout"]["pd"] is None  # each candidate sets its own
     ranking = rank_mappings(flow, ["frozenlake", "math"], {"H800": 1, "H20": 1}, seeds=1, pd_auto=True)
     routes = [r["pd"] for r in ranking if r["pd"]]
-    assert len(ranking) == 11 and sorted(map(str, routes)) == sorted(map(str, [{"prefill": "H800", "decode": "H20"},
-                                                                               {"prefill": "H20", "decode": "H800"}]))
+    assert len(ranking) == 11 and sorted(map(str, routes)) == sorted(
+        map(str, [{"prefill": "H800", "decode": "H20"}, {"prefill": "H20", "decode": "H800"}])
+    )
     # long prompts, short answers: prefill on the compute-bound pool and decode on the bandwidth-bound one beats every mapping
     assert ranking[0]["pd"] == {"prefill": "H800", "decode": "H20"} and ranking[1]["step_s"] > 1.2 * ranking[0]["step_s"]
     assert ranking[-1]["step_s"] > 2 * ranking[0]["step_s"]
@@ -138,7 +157,10 @@ def test_pd_auto_ranks_disaggregation_either_way_beside_every_mapping_and_the_kv
     slow.emulation.kv_link_gbps = 0.05
     route = {"prefill": "H800", "decode": "H20"}
     mapping = {"frozenlake": "any", "math": "any"}
-    assert predict(slow, mapping, {"H800": 1, "H20": 1}, 1, route)["step_s"] > 1.2 * predict(base, mapping, {"H800": 1, "H20": 1}, 1, route)["step_s"]
+    assert (
+        predict(slow, mapping, {"H800": 1, "H20": 1}, 1, route)["step_s"]
+        > 1.2 * predict(base, mapping, {"H800": 1, "H20": 1}, 1, route)["step_s"]
+    )
 
 
 def test_pd_auto_is_applied_to_the_proxys_route_and_needs_both_pools(tmp_path):
@@ -163,9 +185,13 @@ def test_pd_auto_is_applied_to_the_proxys_route_and_needs_both_pools(tmp_path):
     with pytest.raises(Exception, match=r"rollout.pd: auto predicts each choice's step time"):
         load_flow(data=flow_dict(**{"rollout": {"pd": "auto"}}))
     with pytest.raises(Exception, match=r"affinity auto with a fixed rollout.pd"):
-        _workload(frozenlake="auto").model_copy(update={}).model_validate({**_workload().model_dump(mode="json", exclude={"imports"}),
-                                                                         "rollout": {"pd": {"prefill": "H800", "decode": "H20"}},
-                                                                         "tasks": [{**t, "affinity": "auto"} for t in _workload().model_dump(mode="json")["tasks"]]})
+        _workload(frozenlake="auto").model_copy(update={}).model_validate(
+            {
+                **_workload().model_dump(mode="json", exclude={"imports"}),
+                "rollout": {"pd": {"prefill": "H800", "decode": "H20"}},
+                "tasks": [{**t, "affinity": "auto"} for t in _workload().model_dump(mode="json")["tasks"]],
+            }
+        )
     both = _workload(frozenlake="auto", math="auto").model_dump(mode="json", exclude={"imports"})
     both["rollout"]["pd"] = "auto"
     assert type(_workload()).model_validate(both).rollout.pd == "auto"  # both automatic: allowed

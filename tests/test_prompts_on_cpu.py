@@ -1,6 +1,7 @@
 """Prompting per task (tasks[].prompt): the messages of each turn, the model's own chat template with its generation
 prompt, stop strings in the engine, and what a flow is refused for at load (no chat template, no room in the context,
 a placeholder the env does not provide). Generate timeouts that follow the engine's measured speed (control/timeouts.py)."""
+
 import shutil
 
 import pytest
@@ -19,8 +20,12 @@ def flow(**prompt):
 
 
 def test_a_conversation_renders_system_first_and_next_and_keeps_history_only_when_asked():
-    p = PromptConfig(system_prompt="Be brief.", first="{observation}\n{format_hint} ({turn}/{max_turns})", next="now: {observation}",
-                     format_hint="One word.")
+    p = PromptConfig(
+        system_prompt="Be brief.",
+        first="{observation}\n{format_hint} ({turn}/{max_turns})",
+        next="now: {observation}",
+        format_hint="One word.",
+    )
     chat = Conversation(p, max_turns=3)
     assert chat.ask("A") == (("system", "Be brief."), ("user", "A\nOne word. (0/3)"))
     chat.answered("left")
@@ -96,8 +101,9 @@ def test_the_engine_applies_the_models_chat_template_with_its_generation_prompt(
     text = tok.decode(c.prompt_ids)
     assert text.endswith("<|im_start|>assistant\n")  # the generation prompt: the model answers as the assistant
     assert "<|im_start|>system\nBe brief.<|im_end|>" in text and "<|im_start|>user\nCalculate 74 - 2.<|im_end|>" in text
-    assert c.prompt_ids == tok.apply_chat_template([{"role": r, "content": m} for r, m in messages], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False)
+    assert c.prompt_ids == tok.apply_chat_template(
+        [{"role": r, "content": m} for r, m in messages], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
 
 
 def test_a_stop_string_ends_the_turn_and_the_env_gets_the_text_before_it(smollm2_engine):

@@ -6,6 +6,7 @@ summary table must name each run with its last held-out success.
 The screenshot goes to the test's temporary directory; the README's picture, docs/report.png (tracked), is replaced
 only on request: ``ROLLART_UPDATE_SCREENSHOTS=1 .venv/bin/python -m pytest tests/test_report_browser.py``.
 """
+
 import os
 import shutil
 from pathlib import Path
@@ -31,9 +32,12 @@ def open_report(index: Path, screenshot: Path | None = None) -> dict:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         page.goto(index.resolve().as_uri(), wait_until="load", timeout=60_000)
-        shown = {"images": page.eval_on_selector_all("img", "els => Object.fromEntries(els.map(e => [e.getAttribute('src'), e.naturalWidth]))"),
-                 "rows": page.eval_on_selector_all("table tr", "els => els.slice(1).map(e => e.innerText)"),
-                 "headings": page.eval_on_selector_all("h2", "els => els.map(e => e.innerText)"), "title": page.title()}
+        shown = {
+            "images": page.eval_on_selector_all("img", "els => Object.fromEntries(els.map(e => [e.getAttribute('src'), e.naturalWidth]))"),
+            "rows": page.eval_on_selector_all("table tr", "els => els.slice(1).map(e => e.innerText)"),
+            "headings": page.eval_on_selector_all("h2", "els => els.map(e => e.innerText)"),
+            "title": page.title(),
+        }
         if screenshot:
             page.screenshot(path=str(screenshot), full_page=False)
         browser.close()
@@ -43,7 +47,9 @@ def open_report(index: Path, screenshot: Path | None = None) -> dict:
 def test_the_quickstart_report_in_a_browser(tmp_path):
     index = build_report([SAMPLES / "quickstart"], out=tmp_path / "report")
     shown = open_report(index, tmp_path / "report.png")
-    assert shown["images"] == {name: shown["images"][name] for name, _, _ in FIGURES} and all(w > 400 for w in shown["images"].values()), shown["images"]
+    assert shown["images"] == {name: shown["images"][name] for name, _, _ in FIGURES} and all(w > 400 for w in shown["images"].values()), (
+        shown["images"]
+    )
     assert shown["headings"] == [heading for _, heading, _ in FIGURES]
     [row] = shown["rows"]
     assert row.startswith("quickstart") and "rollart α=1" in row and "frozenlake 0.9" in row, row  # it learned: last held-out ≥ 0.9
@@ -56,7 +62,8 @@ def test_the_sync_vs_rollart_report_compares_both_runs_in_a_browser(tmp_path):
     index = build_report([SAMPLES / "sync_vs_rollart"], out=tmp_path / "report")
     shown = open_report(index)
     assert shown["title"] == "rollart report — 2 runs compared"
-    assert set(shown["images"]) >= {"heldout.png", "train.png", "staleness.png", "phases.png"} and all(w > 400 for w in shown["images"].values())
+    assert set(shown["images"]) >= {"heldout.png", "train.png", "staleness.png", "phases.png"} and all(
+        w > 400 for w in shown["images"].values()
+    )
     modes = sorted(row.split("\t")[2] for row in shown["rows"])
     assert modes == ["rollart α=1", "sync α=0"], shown["rows"]
-

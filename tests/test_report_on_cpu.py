@@ -1,5 +1,6 @@
 """`rollart report` on run directories written here (rows shaped as a run writes them): the page, every figure that
 has data, one line per run when comparing, the staleness shares, and errors that name what is wrong."""
+
 import gzip
 import json
 import re
@@ -16,19 +17,49 @@ T0 = 1_800_000_000.0
 
 
 def step_row(n: int, success: float, stale: dict) -> dict:
-    return {"time": T0 + 10 * n, "kind": "step", "step": n, "version": n, "reward_mean": success, "success": success,
-            "tasks": {"frozenlake": {"success": success}}, "staleness": stale,
-            "reward": {"mode": "serverless", "calls": 8, "rewards": {"frozenlake": {"where": "SERVERLESS", "calls": 8, "latency_ms": 3.0}},
-                       "utilisation": 0.5, "cold_starts": 1 if n == 1 else 0, "throttles": 0, "errors": 0},
-            "pool_busy": {"CPU": 0.4, "H800": 0.7}, "buffer": {"finished": 8 * n, "stale_dropped": n, "failed": 0, "groups_trained": 2 * n},
-            "reissued": 0, "get_batch_s": 0.1, "suspend_s": 0.01, "update_s": 0.02, "recompute_kv_s": 0.0, "train_s": 0.5, "wait_train_s": 0.2,
-            "weights": {"store": "dask", "bytes": 2**20, "publish_s": 0.01, "transfer_s": 0.02, "waited_s": 0.0},
-            "entropy": 1.3 - 0.01 * n, "approx_kl": 0.001, "clip_frac": 0.05}
+    return {
+        "time": T0 + 10 * n,
+        "kind": "step",
+        "step": n,
+        "version": n,
+        "reward_mean": success,
+        "success": success,
+        "tasks": {"frozenlake": {"success": success}},
+        "staleness": stale,
+        "reward": {
+            "mode": "serverless",
+            "calls": 8,
+            "rewards": {"frozenlake": {"where": "SERVERLESS", "calls": 8, "latency_ms": 3.0}},
+            "utilisation": 0.5,
+            "cold_starts": 1 if n == 1 else 0,
+            "throttles": 0,
+            "errors": 0,
+        },
+        "pool_busy": {"CPU": 0.4, "H800": 0.7},
+        "buffer": {"finished": 8 * n, "stale_dropped": n, "failed": 0, "groups_trained": 2 * n},
+        "reissued": 0,
+        "get_batch_s": 0.1,
+        "suspend_s": 0.01,
+        "update_s": 0.02,
+        "recompute_kv_s": 0.0,
+        "train_s": 0.5,
+        "wait_train_s": 0.2,
+        "weights": {"store": "dask", "bytes": 2**20, "publish_s": 0.01, "transfer_s": 0.02, "waited_s": 0.0},
+        "entropy": 1.3 - 0.01 * n,
+        "approx_kl": 0.001,
+        "clip_frac": 0.05,
+    }
 
 
 def eval_row(version: int, success: float) -> dict:
-    return {"time": T0 + 10 * version + 1, "kind": "eval", "step": version, "version": version, "elapsed_s": 2.0,
-            "eval": {"frozenlake": {"success": success, "success_ci": [max(0, success - 0.2), min(1, success + 0.2)], "reward_mean": success}}}
+    return {
+        "time": T0 + 10 * version + 1,
+        "kind": "eval",
+        "step": version,
+        "version": version,
+        "elapsed_s": 2.0,
+        "eval": {"frozenlake": {"success": success, "success_ci": [max(0, success - 0.2), min(1, success + 0.2)], "reward_mean": success}},
+    }
 
 
 def write_run(path, steps: int = 6, final: float = 0.75, mode: str = "rollart", cut_last: bool = False) -> None:

@@ -1,5 +1,6 @@
 """reward.mode on the shared local cluster: serverless rewards go through boto3 to a local
 Lambda-compatible endpoint started for the run; a reward that fails is never made up."""
+
 from rollart_dask.config import load_flow
 from rollart_dask.control.reward_plane import function_name
 from tests.conftest import close, flow_dict, start_run
@@ -9,11 +10,21 @@ from tests.test_multitask_cluster import FROZENLAKE, MATH
 def test_serverless_rewards_through_the_lambda_api_and_failures_are_counted_not_scored(address, tmp_path, model_dir, run_async):
     # 'broken' scores FrozenLake trajectories with the math reward, whose handler raises on them
     broken = dict(FROZENLAKE, name="broken", reward="math", weight=0.5, token_budget=None)
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "tasks": [dict(FROZENLAKE, token_budget=None), MATH, broken],
-                                      "reward": {"mode": "serverless", "keep_warm_s": 30}, "rollout.batch_groups": 3,
-                                      "rollout.retries": 0, "rollout.max_relaunch": 2, "trainer.steps": 3,
-                                      "rollout.user_faults": {"consecutive": 0},  # counted, never stopping the run
-                                      "rollout.preflight": False}))  # (which would refuse the broken task before it starts)
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "tasks": [dict(FROZENLAKE, token_budget=None), MATH, broken],
+                "reward": {"mode": "serverless", "keep_warm_s": 30},
+                "rollout.batch_groups": 3,
+                "rollout.retries": 0,
+                "rollout.max_relaunch": 2,
+                "trainer.steps": 3,
+                "rollout.user_faults": {"consecutive": 0},  # counted, never stopping the run
+                "rollout.preflight": False,
+            }
+        )
+    )  # (which would refuse the broken task before it starts)
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)

@@ -3,6 +3,7 @@
 One cluster is shared by the test modules (the session fixture ``address``) and reached by
 address, which is also the `--scheduler` attach path. Tests that break workers start their own.
 """
+
 import asyncio
 import time
 
@@ -18,9 +19,18 @@ from tests.conftest import await_for, check_staleness_by_turns, close, flow_dict
 POOL_OF_WORKER = {"train-0": "TRAIN", "h800-0": "H800", "h20-0": "H20", "cpu-0": "CPU", "cpu-1": "CPU", "reward-0": "REWARD"}
 
 
-EXPECTED = {"generate": {"h800-0"}, "env-reset": {"cpu-0", "cpu-1"}, "env-step": {"cpu-0", "cpu-1"}, "reward": {"reward-0"},
-            "train": {"train-0"}, "publish-weights": {"train-0"}, "weights-bucket": {"train-0"}, "stage-weights": {"h800-0"},
-            "update-weights": {"h800-0"}, "checkpoint": {"train-0"}}
+EXPECTED = {
+    "generate": {"h800-0"},
+    "env-reset": {"cpu-0", "cpu-1"},
+    "env-step": {"cpu-0", "cpu-1"},
+    "reward": {"reward-0"},
+    "train": {"train-0"},
+    "publish-weights": {"train-0"},
+    "weights-bucket": {"train-0"},
+    "stage-weights": {"h800-0"},
+    "update-weights": {"h800-0"},
+    "checkpoint": {"train-0"},
+}
 
 
 def stages_by_worker(stream, names) -> dict[str, set]:
@@ -96,8 +106,16 @@ def test_group_samples_are_distinct_and_weight_update_changes_outputs(address, t
             n_futures = run.d.futures - before_futures
             greedy0 = await p.generate("probe0", "H800", prompt, list("LDRU"), 2, 0.0)
             # one real training step on the trainer worker, published and pulled by the engine
-            samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
-                        "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
+            samples = [
+                {
+                    "prompt_ids": c.prompt_ids,
+                    "response_ids": c.token_ids,
+                    "logprobs": c.logprobs,
+                    "allowed_ids": c.allowed_ids,
+                    "advantage": 1.0 if c.text == "L" else -1.0,
+                }
+                for c in group
+            ]
             from rollart_dask.data import tasks
 
             tf = run.d.submit_one("train", tasks.trainer_step, samples, pool="TRAIN", worker=run.services.trainer)
@@ -194,8 +212,11 @@ def test_eager_admission_trains_nothing_older_than_alpha_by_the_engines_version_
     trajectories have turns on both sides of a swap; with α = 1 none can: a batch is taken before the engines install
     the version it trains at, so its trajectories ran entirely at n − 1."""
     task = {**flow_dict()["tasks"][0], "inject": {"step_latency": {"dist": "constant", "s": 0.2}}}
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "rollout.admission": "eager", "rollout.alpha": alpha,
-                                      "trainer.steps": 5, "tasks": [task]}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{"cluster.scheduler": address, "rollout.admission": "eager", "rollout.alpha": alpha, "trainer.steps": 5, "tasks": [task]}
+        )
+    )
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
@@ -326,4 +347,3 @@ def test_a_trainer_that_cannot_be_re_created_ends_the_run_promptly_with_a_clear_
     msg, took, published = run_async(go(), timeout=300)
     assert "train-0" in msg and "could not be re-created" in msg and "--resume" in msg
     assert published < 50 and took < 120  # stopped promptly, never waited for a Train or a batch that could not come
-

@@ -1,5 +1,6 @@
 """Safe by default: a run listens on loopback only (read off the OS's socket table); an exposed cluster is TLS
 and refuses whoever comes without the run's certificates."""
+
 import asyncio
 import json
 import socket
@@ -29,8 +30,22 @@ def listening(root: psutil.Process) -> list[tuple[str, str, int]]:
 def run_and_watch(out, *sets: str) -> tuple[dict, str]:
     """Run the quickstart (3 steps, tiny) through the CLI, sampling its process tree's socket table until it ends:
     {(address, port): process name}, and its output."""
-    args = [*RUN, "--out", str(out), "--set", "trainer.steps=3", "--set", "rollout.batch_groups=4", "--set", "eval.seeds=6",
-            "--set", "eval.every=0", "--set", "observe.progress=false", *(a for s in sets for a in ("--set", s))]
+    args = [
+        *RUN,
+        "--out",
+        str(out),
+        "--set",
+        "trainer.steps=3",
+        "--set",
+        "rollout.batch_groups=4",
+        "--set",
+        "eval.seeds=6",
+        "--set",
+        "eval.every=0",
+        "--set",
+        "observe.progress=false",
+        *(a for s in sets for a in ("--set", s)),
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[tuple[str, int], str] = {}
     try:
@@ -100,15 +115,17 @@ def test_an_exposed_cluster_is_tls_and_refuses_a_client_without_its_certificates
             refused = []
             for who, other in [("plain client", None), ("another CA's certificate", Security.temporary())]:
                 try:
-                    async with Client(address.replace("tls://", "tcp://") if other is None else address, asynchronous=True,
-                                      security=other, timeout=5):
+                    async with Client(
+                        address.replace("tls://", "tcp://") if other is None else address, asynchronous=True, security=other, timeout=5
+                    ):
                         refused.append((who, False))
                 except (OSError, asyncio.TimeoutError, ssl.SSLError):
                     refused.append((who, True))
             refused.append(("TLS without a client certificate", await asyncio.to_thread(_handshake_refused, host, int(port))))
             check = [sys.executable, "-m", "rollart_dask.entry.cli", "cluster", "check", "flows/quickstart.yaml", "--scheduler", address]
-            with_files = await asyncio.to_thread(subprocess.run, [*check, *(a for s in security for a in ("--set", s))],
-                                                 capture_output=True, text=True, timeout=120)
+            with_files = await asyncio.to_thread(
+                subprocess.run, [*check, *(a for s in security for a in ("--set", s))], capture_output=True, text=True, timeout=120
+            )
             without = await asyncio.to_thread(subprocess.run, check, capture_output=True, text=True, timeout=120)
             return address, refused, with_files, without
         finally:
@@ -117,7 +134,9 @@ def test_an_exposed_cluster_is_tls_and_refuses_a_client_without_its_certificates
 
     address, refused, with_files, without = run_async(go(), timeout=300)
     assert all(ok for _, ok in refused), refused
-    assert with_files.returncode == 0 and f"flow quickstart can run on {address}" in with_files.stdout, with_files.stdout + with_files.stderr
+    assert with_files.returncode == 0 and f"flow quickstart can run on {address}" in with_files.stdout, (
+        with_files.stdout + with_files.stderr
+    )
     assert without.returncode != 0 and "give cluster.security" in without.stderr, without.stderr
 
 

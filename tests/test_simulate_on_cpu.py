@@ -1,6 +1,7 @@
 """The policy simulator (rollart_dask/tools/emulation/simulate.py) without a cluster: processor sharing, and the
 policy's step on cases whose answer is known — a deterministic synchronous step, a train-bound step, the staleness
 bound's bias against a slow task, and a policy that can never make a step."""
+
 import pytest
 
 from rollart_dask.config import load_flow
@@ -11,19 +12,33 @@ from rollart_dask.tools.emulation.simulate import simulate
 
 
 def flow(tasks: list[dict], **over) -> object:
-    data = {"engine": {"backend": "emulated"}, "trainer": {"backend": "emulated", "steps": 8},
-            "emulation": {"time_scale": 0.05, "pools": {"H800": {"gpu": "H800", "gpus": 8}, "H20": {"gpu": "H20", "gpus": 8}},
-                          "trainer": {"gpus": 8}},
-            "rollout": {"group_size": 4, "batch_groups": 4}, "tasks": tasks}
+    data = {
+        "engine": {"backend": "emulated"},
+        "trainer": {"backend": "emulated", "steps": 8},
+        "emulation": {
+            "time_scale": 0.05,
+            "pools": {"H800": {"gpu": "H800", "gpus": 8}, "H20": {"gpu": "H20", "gpus": 8}},
+            "trainer": {"gpus": 8},
+        },
+        "rollout": {"group_size": 4, "batch_groups": 4},
+        "tasks": tasks,
+    }
     for k, v in over.items():
         data[k] = {**data.get(k, {}), **v}
     return load_flow(data=data)
 
 
 def task(name: str, turns: int = 1, reset_s: float = 10.0, step_s: float = 5.0, **inject) -> dict:
-    return {"name": name, "env": "synthetic", "reward": "emulated", "affinity": "prefill", "max_tokens": 64, "max_turns": turns,
-            "env_args": {"turns": turns, "prompt_tokens": 16, "output_tokens": 1, "obs_tokens": 0},
-            "inject": {"reset_latency": {"dist": "constant", "s": reset_s}, "step_latency": {"dist": "constant", "s": step_s}, **inject}}
+    return {
+        "name": name,
+        "env": "synthetic",
+        "reward": "emulated",
+        "affinity": "prefill",
+        "max_tokens": 64,
+        "max_turns": turns,
+        "env_args": {"turns": turns, "prompt_tokens": 16, "output_tokens": 1, "obs_tokens": 0},
+        "inject": {"reset_latency": {"dist": "constant", "s": reset_s}, "step_latency": {"dist": "constant", "s": step_s}, **inject},
+    }
 
 
 def run(cfg, **kw):
@@ -66,8 +81,12 @@ def test_a_train_bound_step_cannot_hide_the_weight_transfer(pull):
     for the Update, which waits for the pull — in the background or at the Update alike: train + transfer + swap."""
     t = task("t", reset_s=0.1, step_s=0.1)
     t["env_args"]["prompt_tokens"] = 4096
-    cfg = flow([t], rollout={"mode": "rollart", "alpha": 4, "admission": "eager"}, emulation={"trainer": {"gpus": 1}, "weight_link_gbps": 2.5},
-               weights={"pull": pull})
+    cfg = flow(
+        [t],
+        rollout={"mode": "rollart", "alpha": 4, "admission": "eager"},
+        emulation={"trainer": {"gpus": 1}, "weight_link_gbps": 2.5},
+        weights={"pull": pull},
+    )
     model = MODELS["Qwen3-8B"]
     transfer = weight_transfer_seconds(model, 8, 1, 2.5, pull)  # one generation node (the H800 pool), one training node
     assert transfer == pytest.approx((2 if pull == "background" else 1) * model.weight_bytes / 2.5e9)  # put + get / one push
@@ -84,7 +103,9 @@ def test_eager_staleness_trains_less_of_the_slow_task_than_it_launches():
     data = yaml.safe_load(open("flows/ablations/workloads/multitask.yaml").read())
 
     def swe_share(admission: str) -> tuple[float, float, int]:
-        cfg = load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.alpha=1", f"rollout.admission={admission}", "trainer.steps=12"])
+        cfg = load_flow(
+            data=data, overrides=["rollout.mode=rollart", "rollout.alpha=1", f"rollout.admission={admission}", "trainer.steps=12"]
+        )
         runs = [run(cfg, seed=s) for s in range(3)]
         stale = sum(r.counts.get("aborted_stale", 0) + r.counts.get("evicted_stale", 0) for r in runs)
         return sum(r.trained_mix["swe"] for r in runs) / 3, sum(r.step_s for r in runs) / 3, stale, sum(r.held_mix["swe"] for r in runs) / 3
@@ -109,8 +130,11 @@ def test_an_emulated_engine_pulls_a_version_as_the_store_and_the_pull_mode_say(t
     from rollart_dask.tools.emulation.engine import EmulatedInstances
 
     for pull, copies in (("background", 2), ("at_update", 4)):
-        cfg = flow([task("t")], emulation={"weight_link_gbps": 25.0, "pools": {"H800": {"gpu": "H800", "gpus": 16}, "H20": {"gpu": "H20", "gpus": 16}}},
-                   weights={"pull": pull})
+        cfg = flow(
+            [task("t")],
+            emulation={"weight_link_gbps": 25.0, "pools": {"H800": {"gpu": "H800", "gpus": 16}, "H20": {"gpu": "H20", "gpus": 16}}},
+            weights={"pull": pull},
+        )
         spec = {**WeightStore(cfg.weights, None, "trainer", tmp_path).spec(), "engine_pools": ["H20", "H800"]}
         engine = EmulatedInstances.from_config(cfg.engine, model_dir="", pool="H800", emulation=cfg.emulation)
         assert spec["pull"] == pull

@@ -108,7 +108,10 @@ def test_sokoban_truncation_and_reward_values():
     env.reset(1)
     env.step("?")
     assert env.step("?")[3] is True
-    assert sokoban_reward({"info": {"success": False, "malformed": 0, "boxes_on_target": 0, "boxes": 1}}) == {"score": 0.0, "success": False}
+    assert sokoban_reward({"info": {"success": False, "malformed": 0, "boxes_on_target": 0, "boxes": 1}}) == {
+        "score": 0.0,
+        "success": False,
+    }
     assert sokoban_reward({"info": {"success": False, "malformed": 0, "boxes_on_target": 1, "boxes": 2}})["score"] == 0.05
     assert sokoban_reward({"info": {"success": False, "malformed": 2, "boxes_on_target": 1, "boxes": 2}})["score"] == -0.15
     assert sokoban_reward({"info": {"success": True, "malformed": 1, "boxes_on_target": 2, "boxes": 2}})["score"] == 0.9

@@ -2,6 +2,7 @@
 training step with the protocol's phases inside it (so fine performance metrics attribute time per
 phase), rollout and evaluation in spans of their own, task keys named by stage, and the RollArt
 page's plugin holding what the run published."""
+
 import time
 import urllib.request
 
@@ -10,10 +11,26 @@ from distributed import Client, get_task_stream
 import rollart_dask
 from tests.conftest import flow_dict, wait_for
 
-STAGES = {"preflight", "generate", "env-reset", "env-step", "env-close", "reward", "abort", "update-weights", "reset-prefix-cache", "train", "train-batch",
-          "publish-weights",
-          "weights-bucket", "stage-weights",
-          "checkpoint", "restore", "warmstart", "warmstart-demos"}
+STAGES = {
+    "preflight",
+    "generate",
+    "env-reset",
+    "env-step",
+    "env-close",
+    "reward",
+    "abort",
+    "update-weights",
+    "reset-prefix-cache",
+    "train",
+    "train-batch",
+    "publish-weights",
+    "weights-bucket",
+    "stage-weights",
+    "checkpoint",
+    "restore",
+    "warmstart",
+    "warmstart-demos",
+}
 ROLLOUT_BATCHES = {"generate", "env-reset", "env-step", "reward"}  # rollout's pinned calls: in the run's span
 ENGINE_BATCHES = {"update-weights", "reset-prefix-cache"}  # the engines' control calls: in the step's span
 PHASES = {"get-batch", "wait-train", "pull-weights", "suspend", "update-weights", "resume", "recompute-kv", "train", "eval"}
@@ -59,8 +76,7 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
 
             def batches_reported():  # the workers report their batches (no Dask tasks) about once a second
                 seconds = client.run_on_scheduler(batch_seconds_since, t0=t0)
-                ok = (ROLLOUT_BATCHES <= set(seconds.get(("rollart",), {}))
-                      and ENGINE_BATCHES <= set(seconds.get(("rollart", "step-2"), {})))
+                ok = ROLLOUT_BATCHES <= set(seconds.get(("rollart",), {})) and ENGINE_BATCHES <= set(seconds.get(("rollart", "step-2"), {}))
                 return seconds if ok else None
 
             batch_seconds = wait_for(batches_reported, timeout=30, what="the workers' batch reports")
@@ -94,8 +110,15 @@ def test_phase_spans_stage_keys_and_the_rollart_page(address, tmp_path):
     # task keys start with their stage, in the task stream and in the transition log
     assert stream.data and all(stage_of(t["key"]) in STAGES for t in stream.data)
     assert keys and all(stage_of(k) in STAGES for k in keys)
-    assert {stage_of(t["key"]) for t in stream.data} >= {"generate", "env-step", "reward", "train", "publish-weights", "stage-weights",
-                                                         "update-weights"}
+    assert {stage_of(t["key"]) for t in stream.data} >= {
+        "generate",
+        "env-step",
+        "reward",
+        "train",
+        "publish-weights",
+        "stage-weights",
+        "update-weights",
+    }
 
     # the page's plugin merged every step, weight sync and evaluation the run published, and its end
     assert state["steps"] == [1, 2, 3] and state["syncs"] == [1, 2, 3] and state["evals"] == [0, 3] and state["status"] == "ended"

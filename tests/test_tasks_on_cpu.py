@@ -1,4 +1,5 @@
 """The pure parts of the worker-side tasks: when a streamed item may run in its batch's own thread."""
+
 from rollart_dask.data.tasks import Speed, speed
 
 

@@ -5,6 +5,7 @@ version after the next step's row, a placement row with a list), then closed wit
 W&B runs offline and is read back from its .wandb file (a LevelDB-format log of protobuf records); MLflow
 from its file store through MlflowClient.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,17 +23,37 @@ from rollart_dask.config import FlowError, load_flow
 from rollart_dask.observe import MetricsWriter
 
 # (not imported here: MLflow starts its telemetry on import, before the fixture below turns it off)
-pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("wandb", "mlflow")),
-                                reason="the wandb and mlflow extras: pip install -e '.[wandb,mlflow]'")
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("wandb", "mlflow")),
+    reason="the wandb and mlflow extras: pip install -e '.[wandb,mlflow]'",
+)
 
 TASK = {"name": "frozenlake", "env": "frozenlake", "reward": "frozenlake"}
 
 ROWS = [
     {"kind": "eval", "step": 0, "version": 0, "eval": {"frozenlake": {"success": 0.25, "reward": 0.5, "n": 200}}, "eval_s": 1.5},
-    {"kind": "step", "step": 1, "version": 1, "reward": {"mean": 0.125, "frozenlake": 0.125}, "staleness": {"max": 1, "mean": 0.5},
-     "get_batch_s": 0.75, "weights": {"pull_s": 0.01, "bytes": 1024}, "loss": -0.03, "note": "not a number", "ok": True},
-    {"kind": "step", "step": 2, "version": 2, "reward": {"mean": 0.375, "frozenlake": 0.375}, "staleness": {"max": 1, "mean": 1.0},
-     "get_batch_s": 0.5, "loss": 0.02, "ok": False},
+    {
+        "kind": "step",
+        "step": 1,
+        "version": 1,
+        "reward": {"mean": 0.125, "frozenlake": 0.125},
+        "staleness": {"max": 1, "mean": 0.5},
+        "get_batch_s": 0.75,
+        "weights": {"pull_s": 0.01, "bytes": 1024},
+        "loss": -0.03,
+        "note": "not a number",
+        "ok": True,
+    },
+    {
+        "kind": "step",
+        "step": 2,
+        "version": 2,
+        "reward": {"mean": 0.375, "frozenlake": 0.375},
+        "staleness": {"max": 1, "mean": 1.0},
+        "get_batch_s": 0.5,
+        "loss": 0.02,
+        "ok": False,
+    },
     # the engines' version is evaluated after the trainer published the next one: a step below the last row's
     {"kind": "eval", "step": 1, "version": 1, "eval": {"frozenlake": {"success": 0.5, "reward": 0.75, "n": 200}}, "eval_s": 1.25},
     {"kind": "placement", "step": 2, "mapping": {"frozenlake": "H800"}, "predicted_step_s": 3.5, "ranking": [["a", 1.0]]},
@@ -69,11 +90,11 @@ def wandb_records(path):
         if left < 7:  # a block's tail too short for a header is padding
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos: pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # zeros: the rest of the block is padding
             pos += left
             continue
-        chunk += data[pos + 7: pos + 7 + length]
+        chunk += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL, or the LAST piece of a FIRST, MIDDLE…, LAST record
             record = pb.Record()
@@ -117,7 +138,7 @@ def read_mlflow(out):
 
 def flat_params(d, prefix="") -> dict:
     out = {}
-    for k, v in (d.items() if isinstance(d, dict) else enumerate(d)):
+    for k, v in d.items() if isinstance(d, dict) else enumerate(d):
         if isinstance(v, (dict, list)) and v:
             out.update(flat_params(v, f"{prefix}{k}/"))
         else:
@@ -127,8 +148,15 @@ def flat_params(d, prefix="") -> dict:
 
 def isolation(tmp_path) -> dict:
     """W&B offline, its caches and settings in tmp_path; MLflow without telemetry: nothing read from or written to the home directory."""
-    env = {var: str(tmp_path / sub) for var, sub in (("WANDB_DIR", "wandb-dir"), ("WANDB_CACHE_DIR", "cache"),
-                                                    ("WANDB_CONFIG_DIR", "config"), ("WANDB_DATA_DIR", "data"))}
+    env = {
+        var: str(tmp_path / sub)
+        for var, sub in (
+            ("WANDB_DIR", "wandb-dir"),
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_CONFIG_DIR", "config"),
+            ("WANDB_DATA_DIR", "data"),
+        )
+    }
     # (MLFLOW_DISABLE_TELEMETRY: nor a usage report sent, nor its id file under ~/.config)
     return {**env, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
@@ -153,8 +181,9 @@ def isolated(tmp_path, monkeypatch):
 def test_every_tracker_holds_the_rows_the_flow_and_the_checkpoint(isolated):
     out = isolated / "run"
     out.mkdir()
-    cfg = load_flow(data={"name": "trackers-test", "tasks": [TASK], "observe": {"loggers": ["tensorboard", "wandb", "mlflow"]},
-                          "trainer": {"lr": 1e-3}})
+    cfg = load_flow(
+        data={"name": "trackers-test", "tasks": [TASK], "observe": {"loggers": ["tensorboard", "wandb", "mlflow"]}, "trainer": {"lr": 1e-3}}
+    )
     flow = cfg.model_dump(mode="json")
     ckpt = out / "checkpoints" / "step-2"
     (ckpt / "sub").mkdir(parents=True)
@@ -241,7 +270,9 @@ def test_tensorboard_and_loggers_agree_or_the_flow_is_refused():
     assert "observe.tensorboard is false but observe.loggers names tensorboard" in msg
     msg = observe_error({"tensorboard": True, "loggers": ["wandb"]})
     assert "observe.tensorboard is true but observe.loggers leaves out tensorboard" in msg
-    assert "observe.loggers.0: bad value 'neptune': input should be 'tensorboard', 'wandb' or 'mlflow'" in observe_error({"loggers": ["neptune"]})
+    assert "observe.loggers.0: bad value 'neptune': input should be 'tensorboard', 'wandb' or 'mlflow'" in observe_error(
+        {"loggers": ["neptune"]}
+    )
     assert "each logger once" in observe_error({"loggers": ["wandb", "wandb"]})
     assert "observe.wandb.mode: bad value 'cloud'" in observe_error({"wandb": {"mode": "cloud"}})
     assert "observe.mlflow.uri: unknown key (allowed: experiment, tracking_uri)" in observe_error({"mlflow": {"uri": "x"}})

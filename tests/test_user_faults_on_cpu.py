@@ -1,5 +1,6 @@
 """The user-fault guards that need no cluster: what a reward may return, the circuit breaker's thresholds, what counts as
 the user's fault, the trainer refusing a NaN/inf update, and non-finite weights never packed for publishing or saved."""
+
 import math
 from pathlib import Path
 
@@ -13,11 +14,19 @@ from rollart_dask.data.weights.buckets import NonFiniteWeights, publish_buckets
 from rollart_dask.usercode import UserFunctionError, user_error
 
 
-@pytest.mark.parametrize("out, named", [
-    (float("nan"), "score nan"), ({"score": float("inf")}, "score inf"), (float("-inf"), "score -inf"),
-    ("1.0", "score '1.0' (str)"), (None, "score None (NoneType)"), ({"success": True}, "a dict without 'score' (keys ['success'])"),
-    (True, "score True (bool)"), ({"score": [1.0]}, "score [1.0] (list)"),
-])
+@pytest.mark.parametrize(
+    "out, named",
+    [
+        (float("nan"), "score nan"),
+        ({"score": float("inf")}, "score inf"),
+        (float("-inf"), "score -inf"),
+        ("1.0", "score '1.0' (str)"),
+        (None, "score None (NoneType)"),
+        ({"success": True}, "a dict without 'score' (keys ['success'])"),
+        (True, "score True (bool)"),
+        ({"score": [1.0]}, "score [1.0] (list)"),
+    ],
+)
 def test_a_reward_that_is_not_a_finite_number_is_an_error_naming_the_value(out, named):
     with pytest.raises(RewardValueError) as e:
         reward_value("mine", out)
@@ -145,14 +154,17 @@ def test_the_trainer_skips_and_counts_a_nan_update_and_stops_after_three_in_a_ro
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.parametrize("override, named", [
-    ("eval.start_seed=0", "eval.start_seed: Input should be greater than or equal to 1000"),
-    ("tasks.frozenlake.weight=.inf", "tasks.0.weight: Input should be a finite number"),
-    ("trainer.lr=.nan", "trainer.lr: Input should be a finite number"),
-    ("rollout.env_timeout_s=.inf", "rollout.env_timeout_s: Input should be a finite number"),
-    ("rollout.group_size=1", "group_size 1 (tasks ['frozenlake']): the grpo advantage is each reward minus its group's mean"),
-    ("rollout.group_size=[1", "--set rollout.group_size=[1: the value is not valid YAML (line 1, column 3: expected ',' or ']'"),
-])
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("eval.start_seed=0", "eval.start_seed: Input should be greater than or equal to 1000"),
+        ("tasks.frozenlake.weight=.inf", "tasks.0.weight: Input should be a finite number"),
+        ("trainer.lr=.nan", "trainer.lr: Input should be a finite number"),
+        ("rollout.env_timeout_s=.inf", "rollout.env_timeout_s: Input should be a finite number"),
+        ("rollout.group_size=1", "group_size 1 (tasks ['frozenlake']): the grpo advantage is each reward minus its group's mean"),
+        ("rollout.group_size=[1", "--set rollout.group_size=[1: the value is not valid YAML (line 1, column 3: expected ',' or ']'"),
+    ],
+)
 def test_flow_values_that_would_break_a_run_are_refused_at_load_naming_the_key(override, named):
     from rollart_dask.config import FlowError, load_flow
 

@@ -1,5 +1,6 @@
 """Warm start: experts in the envs, demonstrations encoded exactly as the engine decodes, and
 imitation that moves the policy (no cluster)."""
+
 import pytest
 
 from rollart_dask.envs.code_sandbox import CodeSandboxEnv
@@ -13,9 +14,19 @@ from rollart_dask.data.envhost import expert_demos
 from rollart_dask.data.trainer_torch import TorchTrainer
 from tests.conftest import flow_dict
 
-MATH_ARGS = {"dataset": "basic_arithmetic", "choices": [-10, 20],
-             "dataset_args": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
-                              "allow_parentheses": False, "allow_negation": False}}
+MATH_ARGS = {
+    "dataset": "basic_arithmetic",
+    "choices": [-10, 20],
+    "dataset_args": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ["+", "-"],
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
+}
 
 
 @pytest.mark.parametrize("env", [FrozenLakeText(size=4), SokobanText()], ids=["frozenlake", "sokoban"])
@@ -70,15 +81,30 @@ def test_demonstrations_encode_exactly_as_the_engine_decodes(model_dir):
 
 
 def test_imitation_moves_greedy_play_toward_the_expert(model_dir):
-    demos = expert_demos({"task": "frozenlake", "env": "frozenlake", "env_args": {"size": 4}, "max_turns": 8, "max_tokens": 2,
-                          "seeds": list(range(300))})
+    demos = expert_demos(
+        {"task": "frozenlake", "env": "frozenlake", "env_args": {"size": 4}, "max_turns": 8, "max_tokens": 2, "seeds": list(range(300))}
+    )
     assert demos and {d["task"] for d in demos} == {"frozenlake"}
     engine, trainer = TorchEngine(str(model_dir)), TorchTrainer(str(model_dir), lr=3e-4)
-    held_out = [d for d in expert_demos({"task": "frozenlake", "env": "frozenlake", "env_args": {"size": 4}, "max_turns": 8,
-                                         "max_tokens": 2, "seeds": list(range(10**6, 10**6 + 100))})]
+    held_out = [
+        d
+        for d in expert_demos(
+            {
+                "task": "frozenlake",
+                "env": "frozenlake",
+                "env_args": {"size": 4},
+                "max_turns": 8,
+                "max_tokens": 2,
+                "seeds": list(range(10**6, 10**6 + 100)),
+            }
+        )
+    ]
 
     def agreement():
-        reqs = [{"id": str(i), "prompt": d["prompt"], "choices": d["choices"], "max_tokens": 2, "temperature": 0} for i, d in enumerate(held_out)]
+        reqs = [
+            {"id": str(i), "prompt": d["prompt"], "choices": d["choices"], "max_tokens": 2, "temperature": 0}
+            for i, d in enumerate(held_out)
+        ]
         return sum(c.text == d["action"] for c, d in zip(engine.generate(reqs), held_out)) / len(held_out)
 
     before = agreement()

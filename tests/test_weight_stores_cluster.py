@@ -1,5 +1,6 @@
 """Weight stores on a real cluster: the Mooncake store on the embedded default (its own local
 mooncake_master), and publish / pull / garbage collection against a master the flow names."""
+
 import asyncio
 import json
 import subprocess
@@ -24,8 +25,17 @@ def _masters() -> int:
 def test_mooncake_store_on_the_embedded_default_publishes_pulls_and_stops_its_master(tmp_path, run_async):
     from rollart_dask.entry.api import run_flow
 
-    cfg = load_flow(data=flow_dict(**{"weights.store": "mooncake", "weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32,
-                                      "weights.bucket_mb": 1, "trainer.steps": 3}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "weights.store": "mooncake",
+                "weights.mooncake.segment_mb": 64,
+                "weights.mooncake.buffer_mb": 32,
+                "weights.bucket_mb": 1,
+                "trainer.steps": 3,
+            }
+        )
+    )
     before = _masters()
     result = run_async(run_flow(cfg, tmp_path), timeout=400)
     assert _masters() == before  # the run's master is gone with the run
@@ -46,9 +56,19 @@ def test_publish_stage_swap_and_garbage_collection_against_a_named_master(addres
     from rollart_dask.data.weights.mooncake import LocalMaster
 
     master = LocalMaster(tmp_path / "master.log").start()
-    cfg = load_flow(data=flow_dict(**{"cluster.scheduler": address, "weights.store": "mooncake", "weights.bucket_mb": 0.05,
-                                      "weights.mooncake.master": master.master, "weights.mooncake.metadata_server": master.metadata_server,
-                                      "weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "cluster.scheduler": address,
+                "weights.store": "mooncake",
+                "weights.bucket_mb": 0.05,
+                "weights.mooncake.master": master.master,
+                "weights.mooncake.metadata_server": master.metadata_server,
+                "weights.mooncake.segment_mb": 64,
+                "weights.mooncake.buffer_mb": 32,
+            }
+        )
+    )
     probe = MooncakeDistributedStore()
     assert probe.setup("127.0.0.1", master.metadata_server, 16 << 20, 16 << 20, "tcp", "", master.master) == 0
 
@@ -90,7 +110,6 @@ def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_t
     def digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
         import hashlib
 
-
         h = hashlib.sha256()
         for k, v in sorted(tasks.service(name).model.state_dict().items()):
             if not k.endswith("lm_head.weight"):  # tied to the embedding
@@ -102,13 +121,23 @@ def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_t
         try:
             p = run.services.proxy
             group = await asyncio.gather(*(p.generate(f"g/{i}", "H800", prompt, list("LDRU"), 2, 1.0) for i in range(8)))
-            samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
-                        "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
+            samples = [
+                {
+                    "prompt_ids": c.prompt_ids,
+                    "response_ids": c.token_ids,
+                    "logprobs": c.logprobs,
+                    "allowed_ids": c.allowed_ids,
+                    "advantage": 1.0 if c.text == "L" else -1.0,
+                }
+                for c in group
+            ]
             trainer_at_v0 = await run.d.submit_one("probe", digest, plugins.TRAINER, pool="TRAIN", worker=run.services.trainer)
             await client.get_task_stream(start=time.time())  # installs the recorder
             t0 = time.time()
             run.services.weights.publish(1, p.pool_of)  # publish the current weights as "v1"; the next Train is submitted at once
-            train = run.d.submit_one("train", tasks.trainer_step, samples, run.services.weights.publishing, pool="TRAIN", worker=run.services.trainer)
+            train = run.d.submit_one(
+                "train", tasks.trainer_step, samples, run.services.weights.publishing, pool="TRAIN", worker=run.services.trainer
+            )
             await train
             trainer_after = await run.d.submit_one("probe", digest, plugins.TRAINER, pool="TRAIN", worker=run.services.trainer)
             await run.services.weights.wait_staged()
@@ -134,8 +163,18 @@ def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_t
 def test_with_lora_the_adapter_alone_crosses_the_store_and_the_engines_base_is_untouched(store, tmp_path, model_dir, run_async):
     from rollart_dask.data import plugins, tasks
 
-    cfg = load_flow(data=flow_dict(**{"weights.store": store, "trainer.lora": {"r": 4}, "trainer.lr": 0.05, "weights.bucket_mb": 1,
-                                      "weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32}))
+    cfg = load_flow(
+        data=flow_dict(
+            **{
+                "weights.store": store,
+                "trainer.lora": {"r": 4},
+                "trainer.lr": 0.05,
+                "weights.bucket_mb": 1,
+                "weights.mooncake.segment_mb": 64,
+                "weights.mooncake.buffer_mb": 32,
+            }
+        )
+    )
     prompt = "SFFF\nFPFH\nFFFH\nHFFG"
 
     def digests(name):  # (sent by value) the adapter's and the base's weights of the service on this worker
@@ -154,8 +193,16 @@ def test_with_lora_the_adapter_alone_crosses_the_store_and_the_engines_base_is_u
             probe = lambda name, **kw: run.d.submit_one("probe", digests, name, **kw)  # noqa: E731
             engine_before = await probe(plugins.ENGINE, pool="H800", worker=engine)
             group = await asyncio.gather(*(p.generate(f"g/{i}", "H800", prompt, list("LDRU"), 2, 1.0) for i in range(8)))
-            samples = [{"prompt_ids": c.prompt_ids, "response_ids": c.token_ids, "logprobs": c.logprobs, "allowed_ids": c.allowed_ids,
-                        "advantage": 1.0 if c.text == "L" else -1.0} for c in group]
+            samples = [
+                {
+                    "prompt_ids": c.prompt_ids,
+                    "response_ids": c.token_ids,
+                    "logprobs": c.logprobs,
+                    "allowed_ids": c.allowed_ids,
+                    "advantage": 1.0 if c.text == "L" else -1.0,
+                }
+                for c in group
+            ]
             await run.d.submit_one("train", tasks.trainer_step, samples, pool="TRAIN", worker=run.services.trainer)
             trainer = await probe(plugins.TRAINER, pool="TRAIN", worker=run.services.trainer)
             run.services.weights.publish(1, p.pool_of)

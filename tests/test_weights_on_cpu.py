@@ -1,4 +1,5 @@
 """Weight publication without a cluster: buckets, checksums, the manifest; config errors; the transfer timing."""
+
 import asyncio
 import time
 
@@ -13,8 +14,13 @@ from conftest import flow_dict
 
 def _state():
     g = torch.Generator().manual_seed(0)
-    return {"embed": torch.randn(1000, 64, generator=g), "layer.0.w": torch.randn(64, 64, generator=g),
-            "layer.0.b": torch.randn(64, generator=g), "big": torch.randn(300_000, generator=g), "head": torch.randn(64, 10, generator=g)}
+    return {
+        "embed": torch.randn(1000, 64, generator=g),
+        "layer.0.w": torch.randn(64, 64, generator=g),
+        "layer.0.b": torch.randn(64, generator=g),
+        "big": torch.randn(300_000, generator=g),
+        "head": torch.randn(64, 10, generator=g),
+    }
 
 
 def test_buckets_keep_order_and_size_and_an_oversized_tensor_goes_alone():
@@ -51,13 +57,19 @@ def test_the_emulated_trainers_marker_is_published_labelled_as_pickle():
     assert verify(manifest, 0, blobs[0]) == {"emulated.version": 4}
 
 
-@pytest.mark.parametrize("over, needle", [
-    ({"weights.store": "redis"}, "weights.store: bad value 'redis'"),
-    ({"weights.store": "mooncake", "weights.bucket_mb": 256}, "must be smaller than weights.mooncake.buffer_mb"),
-    ({"weights.store": "mooncake", "weights.mooncake.master": "10.0.0.1:50051"}, "weights.mooncake.metadata_server is required"),
-    ({"weights.store": "mooncake", "cluster.scheduler": "tcp://10.0.0.1:8786"}, "weights.mooncake.master is required with cluster.scheduler"),
-    ({"weights.keep_versions": 1}, "weights.keep_versions"),
-])
+@pytest.mark.parametrize(
+    "over, needle",
+    [
+        ({"weights.store": "redis"}, "weights.store: bad value 'redis'"),
+        ({"weights.store": "mooncake", "weights.bucket_mb": 256}, "must be smaller than weights.mooncake.buffer_mb"),
+        ({"weights.store": "mooncake", "weights.mooncake.master": "10.0.0.1:50051"}, "weights.mooncake.metadata_server is required"),
+        (
+            {"weights.store": "mooncake", "cluster.scheduler": "tcp://10.0.0.1:8786"},
+            "weights.mooncake.master is required with cluster.scheduler",
+        ),
+        ({"weights.keep_versions": 1}, "weights.keep_versions"),
+    ],
+)
 def test_weights_config_errors_name_the_key_and_what_is_allowed(over, needle):
     with pytest.raises(FlowError, match=needle.replace(".", r"\.").replace("(", r"\(").replace(")", r"\)")):
         load_flow(data=flow_dict(**over))
@@ -98,7 +110,9 @@ def test_waited_is_the_part_of_the_transfer_the_loop_waited_through(tmp_path, lo
         train.set_result({"version": 1})  # Train done: the publish, and with it the transfer, starts
         started_at = time.time()
         await asyncio.sleep(0.05)
-        d.finish("publish-weights", {"bytes": 123, "buckets": [{"sha256": "a"}, {"sha256": "b"}], "publish_s": 0.01, "started_at": started_at})
+        d.finish(
+            "publish-weights", {"bytes": 123, "buckets": [{"sha256": "a"}, {"sha256": "b"}], "publish_s": 0.01, "started_at": started_at}
+        )
         await asyncio.sleep(0.05)
         if loop_waits == "during the pull":
             waiter = asyncio.ensure_future(store.wait_staged())
@@ -127,8 +141,13 @@ def test_a_mooncake_master_missing_a_system_library_is_an_error_naming_the_packa
     from rollart_dask.data.weights.mooncake import LocalMaster, MooncakeError
 
     master = LocalMaster(tmp_path / "master.log")
-    said = "mooncake_master: error while loading shared libraries: libibverbs.so.1: cannot open shared object file: No such file or directory"
+    said = (
+        "mooncake_master: error while loading shared libraries: libibverbs.so.1: cannot open shared object file: No such file or directory"
+    )
     monkeypatch.setattr(master, "_master_cmd", lambda: ["sh", "-c", f"echo '{said}' >&2; exit 127"])
-    with pytest.raises(MooncakeError, match=r"exited with 127 .*libibverbs.so.1 is missing: install Debian's libibverbs1 "
-                                            r"\(`sudo apt-get install libibverbs1`.*or use weights.store=dask"):
+    with pytest.raises(
+        MooncakeError,
+        match=r"exited with 127 .*libibverbs.so.1 is missing: install Debian's libibverbs1 "
+        r"\(`sudo apt-get install libibverbs1`.*or use weights.store=dask",
+    ):
         master.start(timeout_s=10)

@@ -7,15 +7,39 @@ digits past four significant ones are dropped to keep the repository small; ever
 
 The runs kept here: `rollart run flows/quickstart.yaml` and `benchmarks/sync_vs_rollart.py --minutes 4` (its two runs).
 """
+
 import gzip
 import json
 import shutil
 import sys
 from pathlib import Path
 
-READ = {"time", "kind", "step", "version", "elapsed_s", "eval", "reward_mean", "success", "tasks", "staleness", "reward", "pool_busy",
-        "buffer", "reissued", "get_batch_s", "suspend_s", "update_s", "recompute_kv_s", "train_s", "wait_train_s", "weights",
-        "entropy", "approx_kl", "clip_frac"}
+READ = {
+    "time",
+    "kind",
+    "step",
+    "version",
+    "elapsed_s",
+    "eval",
+    "reward_mean",
+    "success",
+    "tasks",
+    "staleness",
+    "reward",
+    "pool_busy",
+    "buffer",
+    "reissued",
+    "get_batch_s",
+    "suspend_s",
+    "update_s",
+    "recompute_kv_s",
+    "train_s",
+    "wait_train_s",
+    "weights",
+    "entropy",
+    "approx_kl",
+    "clip_frac",
+}
 
 
 def short(value):

@@ -2,6 +2,7 @@
 
 Loaded by _jail.py (standard library only; it runs with -I -S).
 """
+
 import errno
 import os
 import time
@@ -43,8 +44,11 @@ class Cgroup:
             self.remove()
         try:
             if all(mounts.get(c) and own.get(c) for c in ("memory", "pids")):
-                self._make(mounts["memory"] + own["memory"].rstrip("/"), name,
-                           {"memory.limit_in_bytes": memory_bytes, "memory.memsw.limit_in_bytes": memory_bytes})
+                self._make(
+                    mounts["memory"] + own["memory"].rstrip("/"),
+                    name,
+                    {"memory.limit_in_bytes": memory_bytes, "memory.memsw.limit_in_bytes": memory_bytes},
+                )
                 self._make(mounts["pids"] + own["pids"].rstrip("/"), name, {"pids.max": pids})
                 self.kind = "cgroup v1"
         except OSError:  # not ours to write (a non-root user, a read-only cgroupfs)

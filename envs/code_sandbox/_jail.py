@@ -24,6 +24,7 @@ kernel kill every process left in the namespace. The outcome goes to the fd name
 config as one marshal'ed dict: {"ok": true, "exit": code|null, "signal": n|null, "timeout": bool,
 "wall_s": s, "oom": bool, "caps": str} or {"ok": false, "error": "..."}.
 """
+
 import ctypes
 import errno
 import marshal
@@ -71,15 +72,25 @@ def mount(src, target, fstype, flags, data=None):
 
 
 class MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def make_all_readonly():
     """Every mount of this (private) namespace read-only, in one recursive call."""
     attr = MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-    ret = libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), b"/",
-                       ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    ret = libc.syscall(
+        ctypes.c_long(SYS_MOUNT_SETATTR),
+        ctypes.c_int(AT_FDCWD),
+        b"/",
+        ctypes.c_uint(AT_RECURSIVE),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
     if ret == 0:
         return
     if ctypes.get_errno() != errno.ENOSYS:
@@ -127,8 +138,12 @@ def build_root(cfg, scratch_fd, uid, gid, root_user):
         bind(path, NEWROOT)
     for name in DEVICES:
         bind("/dev/" + name, NEWROOT)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{NEWROOT}/dev/{name}")
     for d in ("/proc", OLDROOT, INSIDE):
         os.makedirs(NEWROOT + d, exist_ok=True)
@@ -155,8 +170,7 @@ def build_root(cfg, scratch_fd, uid, gid, root_user):
     arch = os.uname().machine
     if arch not in SYS_PIVOT_ROOT:
         raise JailError(f"pivot_root: syscall number unknown for {arch}")
-    _check(libc.syscall(ctypes.c_long(SYS_PIVOT_ROOT[arch]), NEWROOT.encode(), (NEWROOT + OLDROOT).encode()),
-           "pivot_root")
+    _check(libc.syscall(ctypes.c_long(SYS_PIVOT_ROOT[arch]), NEWROOT.encode(), (NEWROOT + OLDROOT).encode()), "pivot_root")
     os.chdir("/")
 
 
@@ -196,10 +210,13 @@ def setup_and_fork(cfg, cgroup):
     scratch_fd = os.open(cfg["scratch"], os.O_RDONLY | os.O_DIRECTORY)  # before /tmp is covered: it may live there
     if libc.unshare(ctypes.c_int(flags)) != 0:
         err = ctypes.get_errno()
-        how = ("run as root (CAP_SYS_ADMIN), or allow unprivileged user namespaces "
-               "(sysctl kernel.unprivileged_userns_clone=1; on Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0)")
-        raise JailError(f"unshare(user/mount/net/pid namespaces) failed: {os.strerror(err)}; "
-                        f"the subprocess sandbox cannot isolate here: {how}")
+        how = (
+            "run as root (CAP_SYS_ADMIN), or allow unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1; on Ubuntu also kernel.apparmor_restrict_unprivileged_userns=0)"
+        )
+        raise JailError(
+            f"unshare(user/mount/net/pid namespaces) failed: {os.strerror(err)}; the subprocess sandbox cannot isolate here: {how}"
+        )
     if not root:
         write_file("/proc/self/setgroups", "deny")
         write_file("/proc/self/uid_map", f"{uid} {uid} 1")

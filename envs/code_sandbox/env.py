@@ -13,6 +13,7 @@ Constructor arguments are a flow's ``env_args`` (backend: auto|subprocess|docker
 families, the limits, image, docker_host). In a flow: ``env: rollart_dask.envs.code_sandbox:CodeSandboxEnv``
 and ``reward: rollart_dask.rewards.code:reward``.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,36 @@ def _short(value, n: int = 40) -> str:
 class CodeSandboxEnv:
     """Deterministic by seed (the seed picks the problem); see the module docstring."""
 
-    def __init__(self, backend: str = "auto", max_turns: int = 4, families: list[str] | None = None,
-                 cpu_s: int = 2, wall_s: float = 5.0, memory_mb: int = 512, nproc: int = 32, fsize_mb: int = 16,
-                 total_memory_mb: int = 1024, scratch_mb: int = 64,
-                 max_code_chars: int = 4000, feedback_chars: int = 160, image: str | None = None,
-                 docker_host: str | None = None, scratch_root: str | None = None, python: str | None = None):
+    def __init__(
+        self,
+        backend: str = "auto",
+        max_turns: int = 4,
+        families: list[str] | None = None,
+        cpu_s: int = 2,
+        wall_s: float = 5.0,
+        memory_mb: int = 512,
+        nproc: int = 32,
+        fsize_mb: int = 16,
+        total_memory_mb: int = 1024,
+        scratch_mb: int = 64,
+        max_code_chars: int = 4000,
+        feedback_chars: int = 160,
+        image: str | None = None,
+        docker_host: str | None = None,
+        scratch_root: str | None = None,
+        python: str | None = None,
+    ):
         if max_turns < 1:
             raise ValueError(f"code_sandbox max_turns must be >= 1, got {max_turns}")
-        self.limits = Limits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb,
-                             total_memory_mb=total_memory_mb, scratch_mb=scratch_mb)
+        self.limits = Limits(
+            cpu_s=cpu_s,
+            wall_s=wall_s,
+            memory_mb=memory_mb,
+            nproc=nproc,
+            fsize_mb=fsize_mb,
+            total_memory_mb=total_memory_mb,
+            scratch_mb=scratch_mb,
+        )
         self.max_turns, self.families = max_turns, families
         self.max_code_chars, self.feedback_chars = max_code_chars, feedback_chars
         kw = {"image": image} if image else {}
@@ -77,8 +99,17 @@ class CodeSandboxEnv:
         self.sandbox.reset_scratch()
         self.turns = 0
         self.success = False
-        info = {"seed": seed, "family": self.problem.family, "func": self.problem.func, "backend": self.backend,
-                "success": False, "tests_passed": 0, "tests_total": len(self.problem.inputs), "verdict": None, "turns": 0}
+        info = {
+            "seed": seed,
+            "family": self.problem.family,
+            "func": self.problem.func,
+            "backend": self.backend,
+            "success": False,
+            "tests_passed": 0,
+            "tests_total": len(self.problem.inputs),
+            "verdict": None,
+            "turns": 0,
+        }
         return self.problem.prompt, info
 
     def step(self, action: str):
@@ -100,8 +131,18 @@ class CodeSandboxEnv:
         truncated = not terminated and self.turns >= self.max_turns
         feedback = ascii_text(f"Tests: {passed}/{total} passed. {feedback}".strip())[: self.feedback_chars]
         obs = p.prompt + "\n# " + feedback.replace("\n", "\n# ")
-        info = {"seed": p.seed, "family": p.family, "func": p.func, "backend": self.backend, "success": self.success,
-                "tests_passed": passed, "tests_total": total, "verdict": verdict, "turns": self.turns, "wall_s": wall}
+        info = {
+            "seed": p.seed,
+            "family": p.family,
+            "func": p.func,
+            "backend": self.backend,
+            "success": self.success,
+            "tests_passed": passed,
+            "tests_total": total,
+            "verdict": verdict,
+            "turns": self.turns,
+            "wall_s": wall,
+        }
         return obs, passed / total, terminated, truncated, info
 
     def expert_action(self) -> str | None:
@@ -117,7 +158,7 @@ def parse_events(output: str) -> list[dict]:
     for line in output.splitlines():
         if line.startswith(MARK):
             try:
-                event = json.loads(line[len(MARK):])
+                event = json.loads(line[len(MARK) :])
             except ValueError:
                 continue
             if isinstance(event, dict):

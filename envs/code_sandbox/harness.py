@@ -5,6 +5,7 @@ It only computes the function's outputs for the hidden inputs; the env compares 
 expected values outside the sandbox, so nothing printed here can claim a pass. Results go out as
 one ``@@R`` JSON line per event on the original stdout; the code's own stdout/stderr are dropped.
 """
+
 import copy
 import json
 import os

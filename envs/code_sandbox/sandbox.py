@@ -11,6 +11,7 @@ falls back to running code unisolated.
   ``deploy/docker/build-sandbox-image.sh`` builds from local files; never pulls.
 - ``make_sandbox(backend="auto")``: docker when an engine answers, else subprocess.
 """
+
 from __future__ import annotations
 
 import functools
@@ -127,7 +128,8 @@ def _default_python() -> str:
             return cand
     raise SandboxUnavailable(
         f"no Python interpreter that the unprivileged sandbox uid can run ({own} is under a private dir); "
-        "install a system python3 (apt-get install -y python3) or pass python=...")
+        "install a system python3 (apt-get install -y python3) or pass python=..."
+    )
 
 
 # What the sandbox's own root shows of the host, read-only, besides the interpreter's installation.
@@ -141,16 +143,22 @@ def interpreter_dirs(python: str) -> tuple[str, ...]:
 
     pyenv, conda and uv install under $HOME: then only that installation is shown, never $HOME itself.
     """
-    got = subprocess.run([python, "-I", "-S", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
-                         capture_output=True, text=True, timeout=30)
+    got = subprocess.run(
+        [python, "-I", "-S", "-c", "import sys; print(sys.base_prefix); print(sys.base_exec_prefix)"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if got.returncode != 0:
         raise SandboxUnavailable(f"the sandbox interpreter {python} does not run: {got.stderr[-300:]}")
     dirs = {os.path.realpath(d) for d in got.stdout.split()} | {os.path.dirname(python)}
     home = os.path.realpath(os.path.expanduser("~"))
     for d in dirs:
         if d == "/" or _under(home, d):
-            raise SandboxUnavailable(f"the sandbox interpreter {python} is installed at {d}, which would show all of "
-                                     f"$HOME ({home}) to the code; pass python=... (a system python3)")
+            raise SandboxUnavailable(
+                f"the sandbox interpreter {python} is installed at {d}, which would show all of "
+                f"$HOME ({home}) to the code; pass python=... (a system python3)"
+            )
     outside = sorted(d for d in dirs if not any(_under(d, top) for top in SYSTEM_DIRS))
     return tuple(d for d in outside if not any(d != o and _under(d, o) for o in outside))
 
@@ -166,16 +174,18 @@ class SubprocessSandbox(Sandbox):
 
     name = "subprocess"
 
-    def __init__(self, limits: Limits | None = None, scratch_root: str | None = None, python: str | None = None,
-                 uid_base: int = 1_900_000_000):
+    def __init__(
+        self, limits: Limits | None = None, scratch_root: str | None = None, python: str | None = None, uid_base: int = 1_900_000_000
+    ):
         if not sys.platform.startswith("linux"):
             raise SandboxUnavailable("the subprocess sandbox needs Linux namespaces; use backend=docker")
         super().__init__(limits, scratch_root)
         self.python = python or _default_python()
         self.uid_base = uid_base
         if _under(self.python, "/tmp"):
-            raise SandboxUnavailable(f"the sandbox interpreter {self.python} lies under /tmp, which the sandbox replaces; "
-                                     "pass python=... (a system python3)")
+            raise SandboxUnavailable(
+                f"the sandbox interpreter {self.python} lies under /tmp, which the sandbox replaces; pass python=... (a system python3)"
+            )
         self.binds = list(interpreter_dirs(self.python))
         _preflight(self.python, str(self.scratch.parent))
 
@@ -202,15 +212,26 @@ def _jail_run(sb: SubprocessSandbox, argv: list[str]) -> RunResult:
     r, w = os.pipe()
     inside = "/tmp/scratch"
     cfg = {
-        "scratch": str(sb.scratch), "argv": argv, "status_fd": w, "wall_s": lim.wall_s, "limits": asdict(lim),
-        "uid_base": sb.uid_base, "binds": list(SYSTEM_DIRS) + sb.binds,
+        "scratch": str(sb.scratch),
+        "argv": argv,
+        "status_fd": w,
+        "wall_s": lim.wall_s,
+        "limits": asdict(lim),
+        "uid_base": sb.uid_base,
+        "binds": list(SYSTEM_DIRS) + sb.binds,
         "env": {"PATH": "/usr/bin:/bin", "HOME": inside, "TMPDIR": inside, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
     }
     t0 = time.monotonic()
     with tempfile.TemporaryFile() as out:
         try:
-            proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", str(JAIL), marshal.dumps(cfg).hex()],
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(w,), start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", str(JAIL), marshal.dumps(cfg).hex()],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                pass_fds=(w,),
+                start_new_session=True,
+            )
         finally:
             os.close(w)
         # The launcher reports and closes the pipe once every sandboxed process is gone; its own
@@ -233,15 +254,23 @@ def _jail_run(sb: SubprocessSandbox, argv: list[str]) -> RunResult:
         out.seek(0)
         data = out.read(lim.output_bytes + 1)
     if not raw:
-        raise SandboxUnavailable(f"the sandbox launcher died without a report (exit {proc.returncode}): "
-                                 f"{data[-1000:].decode(errors='replace')}")
+        raise SandboxUnavailable(
+            f"the sandbox launcher died without a report (exit {proc.returncode}): {data[-1000:].decode(errors='replace')}"
+        )
     status = marshal.loads(raw)
     if not status["ok"]:
         raise SandboxUnavailable(status["error"])
     return RunResult(
-        output=data[: lim.output_bytes].decode("utf-8", errors="replace"), exit_code=status["exit"],
-        signal=status["signal"], timed_out=status["timeout"], wall_s=round(time.monotonic() - t0, 4),
-        backend="subprocess", truncated=len(data) > lim.output_bytes, oom=status["oom"], caps=status["caps"])
+        output=data[: lim.output_bytes].decode("utf-8", errors="replace"),
+        exit_code=status["exit"],
+        signal=status["signal"],
+        timed_out=status["timeout"],
+        wall_s=round(time.monotonic() - t0, 4),
+        backend="subprocess",
+        truncated=len(data) > lim.output_bytes,
+        oom=status["oom"],
+        caps=status["caps"],
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,13 +333,22 @@ class DockerSandbox(Sandbox):
 
     name = "docker"
 
-    def __init__(self, limits: Limits | None = None, scratch_root: str | None = None, image: str = DEFAULT_IMAGE,
-                 docker_host: str | None = None, python: str = "/usr/bin/python3", init: bool = True):
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        scratch_root: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        docker_host: str | None = None,
+        python: str = "/usr/bin/python3",
+        init: bool = True,
+    ):
         self.client = docker_client(docker_host)
         if self.client is None:
             where = docker_host or os.environ.get("DOCKER_HOST") or "the default socket"
-            raise SandboxUnavailable(f"no Docker engine answers at {where} (or the docker SDK is missing: pip install docker); "
-                                     "start one (deploy/docker/start-dockerd.sh) or use backend=subprocess")
+            raise SandboxUnavailable(
+                f"no Docker engine answers at {where} (or the docker SDK is missing: pip install docker); "
+                "start one (deploy/docker/start-dockerd.sh) or use backend=subprocess"
+            )
         import docker
 
         try:
@@ -341,17 +379,31 @@ class DockerSandbox(Sandbox):
         mb = 1024 * 1024
         t0 = time.monotonic()
         container = self.client.containers.create(
-            self.image, argv, user=f"{SANDBOX_UID}:{SANDBOX_UID}", working_dir=work,
+            self.image,
+            argv,
+            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            working_dir=work,
             environment={"HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"},
-            network_mode="none", ipc_mode="none",  # no network; no /dev/shm at all
-            read_only=True, volumes={str(self.scratch): {"bind": work, "mode": "rw"}},
-            mem_limit=lim.total_memory_mb * mb, memswap_limit=lim.total_memory_mb * mb, pids_limit=lim.nproc, nano_cpus=1_000_000_000,
-            ulimits=[Ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
-                     Ulimit(name="fsize", soft=lim.fsize_mb * mb, hard=lim.fsize_mb * mb),
-                     Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile), Ulimit(name="core", soft=0, hard=0)],
-            cap_drop=["ALL"], security_opt=["no-new-privileges"], hostname="sandbox",
+            network_mode="none",
+            ipc_mode="none",  # no network; no /dev/shm at all
+            read_only=True,
+            volumes={str(self.scratch): {"bind": work, "mode": "rw"}},
+            mem_limit=lim.total_memory_mb * mb,
+            memswap_limit=lim.total_memory_mb * mb,
+            pids_limit=lim.nproc,
+            nano_cpus=1_000_000_000,
+            ulimits=[
+                Ulimit(name="cpu", soft=lim.cpu_s, hard=lim.cpu_s + 1),
+                Ulimit(name="fsize", soft=lim.fsize_mb * mb, hard=lim.fsize_mb * mb),
+                Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            hostname="sandbox",
             init=self.init,  # the engine's tini as PID 1: PID 1 itself would ignore SIGXCPU
-            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}})  # bounded output
+            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        )  # bounded output
         timed_out = False
         try:
             container.start()
@@ -377,17 +429,30 @@ class DockerSandbox(Sandbox):
         elif code > 128:  # the engine reports a signal death as 128 + signal
             sig = code - 128
         return RunResult(
-            output=data[: lim.output_bytes].decode("utf-8", errors="replace"), exit_code=None if sig else code, signal=sig,
-            timed_out=timed_out, wall_s=round(time.monotonic() - t0, 4), backend="docker",
-            truncated=len(data) > lim.output_bytes, oom=bool(state.get("OOMKilled")) and not timed_out, caps="docker")
+            output=data[: lim.output_bytes].decode("utf-8", errors="replace"),
+            exit_code=None if sig else code,
+            signal=sig,
+            timed_out=timed_out,
+            wall_s=round(time.monotonic() - t0, 4),
+            backend="docker",
+            truncated=len(data) > lim.output_bytes,
+            oom=bool(state.get("OOMKilled")) and not timed_out,
+            caps="docker",
+        )
 
     def close(self) -> None:
         super().close()
         self.client.close()
 
 
-def make_sandbox(backend: str = "auto", limits: Limits | None = None, scratch_root: str | None = None,
-                 image: str = DEFAULT_IMAGE, docker_host: str | None = None, python: str | None = None) -> Sandbox:
+def make_sandbox(
+    backend: str = "auto",
+    limits: Limits | None = None,
+    scratch_root: str | None = None,
+    image: str = DEFAULT_IMAGE,
+    docker_host: str | None = None,
+    python: str | None = None,
+) -> Sandbox:
     """``auto``: docker when an engine answers (its image must exist), else subprocess."""
     if backend == "auto":
         probe = docker_client(docker_host, timeout=2)

@@ -5,6 +5,7 @@ this file because a flow lists it in ``imports`` (flows/declared/corridor_flow.p
 Corridor: the agent stands in a corridor of cells and must walk to the goal, which is on either
 side; the observation draws both (``..P...G.``). Deterministic by seed.
 """
+
 import random
 
 import rollart_dask

@@ -3,6 +3,7 @@
 An estimator maps one group's rewards to one advantage per member: ``fn(rewards, scale=...) -> list[float]``
 (``scale``: ``trainer.adv_scale``; ``advantage_fn`` binds it).
 """
+
 from __future__ import annotations
 
 import functools

@@ -2,6 +2,7 @@
 each with its 95% confidence interval (success: Wilson's interval for a proportion; reward: the normal interval of a
 mean), and whether it is complete. An evaluation with a seed whose trajectory failed is incomplete: shown, logged and
 plotted as such, never as a score."""
+
 from __future__ import annotations
 
 import math
@@ -30,18 +31,34 @@ def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float, fl
     return mean, mean - z * sd / math.sqrt(n), mean + z * sd / math.sqrt(n)
 
 
-def summarise(outcomes: dict[int, dict], n: int, seconds: float, failures: dict[str, int] | None = None, retried: int = 0,
-              retried_for: dict[str, int] | None = None) -> dict:
+def summarise(
+    outcomes: dict[int, dict],
+    n: int,
+    seconds: float,
+    failures: dict[str, int] | None = None,
+    retried: int = 0,
+    retried_for: dict[str, int] | None = None,
+) -> dict:
     """A task's figures from its outcomes by seed: success and reward over the seeds that completed. A seed whose
     trajectory failed (after its retries) is no outcome at all: the evaluation is then incomplete (``complete``
     False), ``failures`` says why ({reason: seeds}), and its figures are not a score (see ``shown``)."""
     done = len(outcomes)
     success = sum(o["success"] for o in outcomes.values())
     reward, lo, hi = mean_interval([o["reward"] for o in outcomes.values()])
-    return {"success": success / done if done else 0.0, "success_ci": [round(x, 4) for x in wilson(success, done)],
-            "reward_mean": reward, "reward_ci": [round(lo, 4), round(hi, 4)], "complete": done == n, "completed": done,
-            "failed_calls": n - done, "seeds": n, "failures": dict(failures or {}), "retried": retried,
-            "retried_for": dict(retried_for or {}), "seconds": round(seconds, 2)}
+    return {
+        "success": success / done if done else 0.0,
+        "success_ci": [round(x, 4) for x in wilson(success, done)],
+        "reward_mean": reward,
+        "reward_ci": [round(lo, 4), round(hi, 4)],
+        "complete": done == n,
+        "completed": done,
+        "failed_calls": n - done,
+        "seeds": n,
+        "failures": dict(failures or {}),
+        "retried": retried,
+        "retried_for": dict(retried_for or {}),
+        "seconds": round(seconds, 2),
+    }
 
 
 def is_complete(fig: dict) -> bool:
@@ -52,7 +69,9 @@ def is_complete(fig: dict) -> bool:
 def incomplete_note(fig: dict) -> str:
     """'incomplete: 37 of 100 eval calls failed (TimeoutError: …)': what is shown instead of an incomplete figure."""
     failures = sorted((fig.get("failures") or {}).items(), key=lambda kv: -kv[1])
-    why = "; ".join(f"{r} ×{c}" if len(failures) > 1 else r for r, c in failures[:2]) + (f"; +{len(failures) - 2} more" if len(failures) > 2 else "")
+    why = "; ".join(f"{r} ×{c}" if len(failures) > 1 else r for r, c in failures[:2]) + (
+        f"; +{len(failures) - 2} more" if len(failures) > 2 else ""
+    )
     return f"incomplete: {fig.get('failed_calls', '?')} of {fig.get('seeds', '?')} eval calls failed ({why or 'reason not recorded'})"
 
 

@@ -5,6 +5,7 @@ A loss is ``fn(logp, old_logp, advantages, mask, clip, entropy, entropy_coef, is
 ``token_weights``: each token's weight in the policy term, ``aggregation_weights`` below, or None: the token mean):
 the trainer calls the configured one with those keywords on every micro-batch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,9 @@ def aggregation_weights(mask: torch.Tensor, agg: str, n_samples: int, total_toke
 
 
 @register_loss("ppo_clip")
-def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0, is_weights=None,
-                  token_weights=None):
+def ppo_clip_loss(
+    logp, old_logp, advantages, mask, clip: float, entropy=None, entropy_coef: float = 0.0, is_weights=None, token_weights=None
+):
     """PPO-clip loss (GRPO) whose token losses are aggregated by ``token_weights`` (None: every token of ``mask`` weighs the same).
 
     logp, old_logp, mask: [N, T]; advantages: [N] (one per sample, broadcast over its tokens); is_weights [N, T]
@@ -87,8 +89,9 @@ def ppo_clip_loss(logp, old_logp, advantages, mask, clip: float, entropy=None, e
     return loss, stats
 
 
-def off_policy(correction: str, logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float,
-               level: str = "token") -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict]:
+def off_policy(
+    correction: str, logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float, level: str = "token"
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict]:
     """What the PPO loss compares against, per ``trainer.correction``: returns (old_logp, is_weights, mask, stats).
 
     ``none``: the behaviour policy's log-probs (the engines' at generation), the PPO ratio π_θ / π_behaviour.
@@ -114,7 +117,9 @@ def off_policy(correction: str, logp: torch.Tensor, behaviour_logp: torch.Tensor
         raise ValueError(f"trainer.correction: {correction!r} is not one of none, tis, decoupled")
     n = m.sum().clamp(min=1)
     ws = w[m]
-    stats = {"is_weight_mean": float(ws.mean()) if ws.numel() else 1.0,
-             "is_weight_p99": float(ws.quantile(0.99)) if ws.numel() else 1.0,
-             ("is_truncated" if correction == "tis" else "is_dropped"): float(over.sum() / n)}
+    stats = {
+        "is_weight_mean": float(ws.mean()) if ws.numel() else 1.0,
+        "is_weight_p99": float(ws.quantile(0.99)) if ws.numel() else 1.0,
+        ("is_truncated" if correction == "tis" else "is_dropped"): float(over.sum() / n),
+    }
     return prox, weights * kept, kept, stats

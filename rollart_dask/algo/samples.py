@@ -5,6 +5,7 @@ and, when it was continued across versions, of each response token; the trajecto
 describe the batch as trained: reward, success, the share of groups with any signal (a group whose members all
 scored alike teaches nothing under GRPO), the share of turns continued across versions, and per task.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -39,16 +40,36 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
             pt["success_sum"] += float(traj.success)
             pt["turns"] += len(traj.turns)
             for turn in traj.turns:
-                samples.append({"prompt_ids": turn.prompt_ids, "response_ids": turn.response_ids, "logprobs": turn.logprobs,
-                                "allowed_ids": turn.allowed_ids, "version": turn.version, "token_versions": turn.token_versions,
-                                "advantage": a})
+                samples.append(
+                    {
+                        "prompt_ids": turn.prompt_ids,
+                        "response_ids": turn.response_ids,
+                        "logprobs": turn.logprobs,
+                        "allowed_ids": turn.allowed_ids,
+                        "version": turn.version,
+                        "token_versions": turn.token_versions,
+                        "advantage": a,
+                    }
+                )
     mixed = sum(len(set(s["token_versions"] or ())) > 1 for s in samples)
-    stats = {"trajectories": len(rewards), "reward_mean": sum(rewards) / len(rewards), "success": sum(success) / len(success),
-             "mixed_version_turns": mixed / len(samples),
-             "groups_with_signal": varied / len(groups), "turns_per_traj": len(samples) / len(rewards),
-             "tasks": {name: {"groups": pt["groups"], "trajectories": pt["trajectories"], "reward_mean": pt["reward_sum"] / pt["trajectories"],
-                              "success": pt["success_sum"] / pt["trajectories"], "turns_per_traj": pt["turns"] / pt["trajectories"]}
-                       for name, pt in per_task.items()}}
+    stats = {
+        "trajectories": len(rewards),
+        "reward_mean": sum(rewards) / len(rewards),
+        "success": sum(success) / len(success),
+        "mixed_version_turns": mixed / len(samples),
+        "groups_with_signal": varied / len(groups),
+        "turns_per_traj": len(samples) / len(rewards),
+        "tasks": {
+            name: {
+                "groups": pt["groups"],
+                "trajectories": pt["trajectories"],
+                "reward_mean": pt["reward_sum"] / pt["trajectories"],
+                "success": pt["success_sum"] / pt["trajectories"],
+                "turns_per_traj": pt["turns"] / pt["trajectories"],
+            }
+            for name, pt in per_task.items()
+        },
+    }
     return samples, stats
 
 
@@ -64,5 +85,8 @@ def version_lag(samples: Sequence[dict], trainer_version: int) -> dict:
     n = sum(lag.values())
     if not n:
         return {}
-    return {"token_lag_mean": sum(k * v for k, v in lag.items()) / n, "token_lag_max": max(lag),
-            "token_lag_share": sum(v for k, v in lag.items() if k > 0) / n}
+    return {
+        "token_lag_mean": sum(k * v for k, v in lag.items()) / n,
+        "token_lag_max": max(lag),
+        "token_lag_share": sum(v for k, v in lag.items() if k > 0) / n,
+    }

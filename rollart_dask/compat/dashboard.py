@@ -5,6 +5,7 @@ distributed builds its own Bokeh app once, when the scheduler starts, from
 server: the server's RoutingApplication tries its applications in turn, so the new path reaches it while
 everything else still reaches Dask's. Bokeh is imported here only where a function is called (on the scheduler).
 """
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """The private names this package relies on, looked up by name (``check``), so a missing one is reported at once."""
+
 from __future__ import annotations
 
 import importlib
@@ -43,8 +44,9 @@ def resolve(module: str, path: str):
     except (ImportError, AttributeError) as e:
         import distributed
 
-        raise DistributedIncompatible(f"distributed {distributed.__version__} has no {module}.{path} ({e}); rollart-dask "
-                                      f"was tested with the versions setup.cfg pins") from None
+        raise DistributedIncompatible(
+            f"distributed {distributed.__version__} has no {module}.{path} ({e}); rollart-dask was tested with the versions setup.cfg pins"
+        ) from None
     return obj
 
 

@@ -1,4 +1,5 @@
 """distributed's private API, one named function per use (compat/hooks.py lists them for ``check``)."""
+
 from __future__ import annotations
 
 from typing import Awaitable, Callable
@@ -108,8 +109,11 @@ def charge_span(scheduler, span_ids, metric: tuple, seconds: float) -> bool:
 
 def plugin_names(dask_scheduler) -> dict[str, list[str]]:
     """Run on the scheduler: the names of its plugins and of the worker and nanny plugins it hands to workers."""
-    return {"scheduler": sorted(dask_scheduler.plugins), "worker": sorted(dask_scheduler.worker_plugins),
-            "nanny": sorted(dask_scheduler.nanny_plugins)}
+    return {
+        "scheduler": sorted(dask_scheduler.plugins),
+        "worker": sorted(dask_scheduler.worker_plugins),
+        "nanny": sorted(dask_scheduler.nanny_plugins),
+    }
 
 
 # -- the embedded cluster's processes (chaos faults)

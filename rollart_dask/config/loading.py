@@ -1,5 +1,6 @@
 """Flow loading: a YAML or Python flow file (or a dict), ``--set key=value`` overrides, the user's ``imports``, then
 the schema (schema.py). Every error is a FlowError that names the key, and for an unknown key the allowed ones."""
+
 from __future__ import annotations
 
 import copy
@@ -141,5 +142,3 @@ def load_flow(path: str | Path | None = None, overrides: list[str] | None = None
         return FlowConfig.model_validate(data)
     except ValidationError as err:
         raise FlowError(_format_errors(err)) from None
-
-

@@ -1,5 +1,6 @@
 """What a validated flow resolves to once the machine or the run is known: the engine backend ``auto`` picks, whether
 that backend can disaggregate prefill and decode, and the engine pools a task's generation may go to."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -16,8 +17,10 @@ def resolve_engine_backend(engine: EngineConfig) -> str:
 
     has_vllm = importlib.util.find_spec("vllm") is not None
     if engine.backend == "vllm" and not has_vllm:
-        raise FlowError("engine.backend=vllm but vllm is not installed here (pip install -e '.[vllm]'; vllm-gpu on GPU machines), "
-                        "or use engine.backend=torch")
+        raise FlowError(
+            "engine.backend=vllm but vllm is not installed here (pip install -e '.[vllm]'; vllm-gpu on GPU machines), "
+            "or use engine.backend=torch"
+        )
     if engine.backend == "auto":
         return "vllm" if has_vllm and not vllm_is_cpu_build() else "torch"
     return engine.backend

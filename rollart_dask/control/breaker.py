@@ -6,6 +6,7 @@ function's own error, a reward value that is not a finite number, an env call th
 never what the infrastructure did (a lost worker, an endpoint down): those stay with the recovery paths. Failures
 below the thresholds are counted and the run goes on. Pure: no cluster, testable alone.
 """
+
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
@@ -84,9 +85,11 @@ class FaultBreaker:
         self.tripped = True  # once: the run is stopping
         counts = ", ".join(f"{call} {k}" for (t, call), k in sorted(self.failures.items()) if t == e.task)
         first = self.first[e.task]
-        return UserFault(f"stopped: task {e.task!r}: {why} in its {e.call}: {e.detail.splitlines()[0]}\n"
-                         f"failed trajectories so far by call: {counts}. The first one:\n{first.detail}\n"
-                         "(a fault of the task's env or reward code; the thresholds are rollout.user_faults)")
+        return UserFault(
+            f"stopped: task {e.task!r}: {why} in its {e.call}: {e.detail.splitlines()[0]}\n"
+            f"failed trajectories so far by call: {counts}. The first one:\n{first.detail}\n"
+            "(a fault of the task's env or reward code; the thresholds are rollout.user_faults)"
+        )
 
     def _mark(self, task: str, group: str | None, failed: bool):
         groups = self.recent.setdefault(task, OrderedDict())

@@ -17,6 +17,7 @@ Rules (docs/concepts/asynchrony.md):
 - Accounting: every trajectory id launched ends in exactly one outcome of ``OUTCOMES`` (``ledger``);
   ``account()`` adds what is still running or finished-but-untrained when asked.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -191,8 +192,12 @@ class SampleBuffer:
             for t, state in g.members.items():
                 if t not in self.ledger:
                     out["in_flight" if state == RUNNING else "finished_untrained"] += 1
-        return {"launched": self.members_launched, **{k: out[k] for k in OUTCOMES},
-                "unaccounted": self.members_launched - sum(out.values()), "conflicts": self.counts["ledger_conflicts"]}
+        return {
+            "launched": self.members_launched,
+            **{k: out[k] for k in OUTCOMES},
+            "unaccounted": self.members_launched - sum(out.values()),
+            "conflicts": self.counts["ledger_conflicts"],
+        }
 
     def in_flight(self) -> list[str]:
         return [t for g in self.groups.values() for t in g.running()]

@@ -7,6 +7,7 @@ flight it took about half of the client's CPU (benchmarks/control_plane.py; READ
 overhead"). A young collection every 50,000 allocations keeps what it frees the same and its cost a
 small fraction. The previous thresholds come back when the run ends (a notebook's process is the user's).
 """
+
 from __future__ import annotations
 
 import gc

@@ -14,6 +14,7 @@ batch — without it a coalesced batch is a barrier, which trajectory-level asyn
 A call to a pool alone, and a route of several tasks (prefill → decode), are Dask tasks placed by
 the scheduler (a pool call takes its answers from the task's result).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,27 +29,10 @@ from collections import defaultdict
 from distributed import wait
 
 from rollart_dask import compat
-from rollart_dask.control.phases import current_span_id, first_caller_span, within
+from rollart_dask.control.phases import first_caller_span, task_key, within
 from rollart_dask.data.channels import BATCHES_TOPIC, FEED, HANDLER, PLUGIN, BatchesFeed, ChannelsPlugin
 from rollart_dask.data.tasks import failure, run_batch
 from rollart_dask.resource.pools import submit_kwargs
-
-
-_KEY_PREFIX = uuid.uuid4().hex[:6]  # this process's keys never meet another client's on a shared scheduler
-_key_ids = itertools.count()
-
-
-def task_key(stage: str):
-    """A task's key, named by its stage: ``stage-<id>``, or inside a span ``("stage-<span id>", "<id>")``.
-
-    The scheduler files a task under the span of its TaskGroup, and a string key's group is just the
-    stage: the train task of step 12 would join the span of step 11's train task if that one is
-    still alive. A group per (stage, span) keeps each step and phase in its own span; Dask's
-    ``key_split`` of either form is still the stage, so the task stream colours and groups by stage.
-    """
-    token = f"{_KEY_PREFIX}{next(_key_ids):x}"
-    span_id = current_span_id()
-    return f"{stage}-{token}" if span_id is None else (f"{stage}-{span_id.replace('-', '')}", token)
 
 
 class CallFailed(RuntimeError):
@@ -99,8 +83,12 @@ class Dispatcher:
         try:
             await self.client.register_plugin(BatchesFeed(), name=FEED)
         except Exception as e:  # the scheduler cannot import rollart_dask: batches stay out of its task stream and spans
-            log.warning("batches will not show in the scheduler's task stream (%s: %s); they are still its %r events",
-                        type(e).__name__, e, BATCHES_TOPIC)
+            log.warning(
+                "batches will not show in the scheduler's task stream (%s: %s); they are still its %r events",
+                type(e).__name__,
+                e,
+                BATCHES_TOPIC,
+            )
 
     async def _open_channel(self, worker: str):
         if self._plugin is None or (self._plugin.done() and self._plugin.exception() is not None):
@@ -165,14 +153,20 @@ class Dispatcher:
             xs = sorted(xs)
             if xs:
                 sizes = self.batch_sizes.get(stage) or [1]
-                out[stage] = {"n": len(xs), "p50_ms": 1e3 * xs[len(xs) // 2], "p99_ms": 1e3 * xs[min(len(xs) - 1, int(len(xs) * 0.99))],
-                              "sum_s": sum(xs),
-                              "items_per_future": sum(sizes) / len(sizes)}
+                out[stage] = {
+                    "n": len(xs),
+                    "p50_ms": 1e3 * xs[len(xs) // 2],
+                    "p99_ms": 1e3 * xs[min(len(xs) - 1, int(len(xs) * 0.99))],
+                    "sum_s": sum(xs),
+                    "items_per_future": sum(sizes) / len(sizes),
+                }
         self.latency.clear()
         self.batch_sizes.clear()
         return out
 
-    async def call(self, stage: str, fn, item: dict, pool: str, worker: str | None = None, timeout: float | None = None, streamed: bool = False):
+    async def call(
+        self, stage: str, fn, item: dict, pool: str, worker: str | None = None, timeout: float | None = None, streamed: bool = False
+    ):
         """Run ``fn([item])[0]`` on a worker of ``pool`` (or exactly ``worker``); raise CallFailed on an item error.
         Pinned calls run as ``fn(items, channel)`` on the worker, answering each item on this dispatcher's channel
         (``streamed``: as soon as each is done, see the module doc). ``fn`` may also be a route with
@@ -272,8 +266,9 @@ class Dispatcher:
         # One pickle: the task key and span ids (for the task stream and fine metrics: a batch of rollout and evaluation
         # items is counted under its first caller's span), the function and the items.
         span = first_caller_span()  # (inside _flush: the batch's first caller's)
-        payload = pickle.dumps((task_key(stage), span and span["ids"], fn, [item for item, _ in batch], streamed),
-                               protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(
+            (task_key(stage), span and span["ids"], fn, [item for item, _ in batch], streamed), protocol=pickle.HIGHEST_PROTOCOL
+        )
         ch = self._channel(worker)
         if ch.done() and ch.exception() is None:
             ch.result()[1].send(payload)  # raises where the channel closed: _flush then frees the slot

@@ -8,6 +8,7 @@ swapped in, and a newer version being pulled is staged too (the next Update wait
 with the others.
 Admission and Update take turns (``Run.weights_turn``): an engine never swaps back behind an Update.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,6 +32,7 @@ def engine_lost(run, address: str) -> None:
 def watch(run) -> None:
     """A control call (Update, abort, reset) that fails on an engine which is dying ends before the monitor has seen
     the loss: ask the scheduler, and a departed engine is lost, not the run's failure."""
+
     async def gone(address: str, error: Exception) -> bool:
         for _ in range(20):  # the scheduler hears of a dead worker's closed comms within moments
             if address not in (await run.client.scheduler.identity())["workers"]:

@@ -2,6 +2,7 @@
 own timeouts and retry budget. Envs are placed on the least-loaded env worker and every
 step goes where the env lives; a lost env worker fails the trajectory with WorkerLost so the
 buffer relaunches it elsewhere (counted)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,9 +47,18 @@ class TurnBarrier:
 
 
 class EnvManager:
-    def __init__(self, dispatcher: Dispatcher, proxy: LLMProxy, env_workers: list[str], rollout: RolloutConfig, engine: EngineConfig,
-                 reward_pool: str = "REWARD", reward_functions: dict[str, str] | None = None, stateful_rewards=(),
-                 reward_workers: dict[str, list[str]] | None = None):
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        proxy: LLMProxy,
+        env_workers: list[str],
+        rollout: RolloutConfig,
+        engine: EngineConfig,
+        reward_pool: str = "REWARD",
+        reward_functions: dict[str, str] | None = None,
+        stateful_rewards=(),
+        reward_workers: dict[str, list[str]] | None = None,
+    ):
         self.d, self.proxy, self.rollout, self.engine = dispatcher, proxy, rollout, engine
         self.reward_pool = reward_pool
         # pool → its reward workers: a reward call is pinned to one (answered on the dispatcher's channel, like every
@@ -121,8 +131,9 @@ class EnvManager:
             if worker not in self.env_workers:
                 raise WorkerLost(f"env worker {worker} left the cluster")
             try:
-                return await self.d.call(stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s,
-                                         streamed=True)
+                return await self.d.call(
+                    stage, fn, dict(item, attempt=attempt), pool="CPU", worker=worker, timeout=self.rollout.env_timeout_s, streamed=True
+                )
             except (CallFailed, TimeoutError) as e:
                 self.counts[f"{stage}_errors"] += 1
                 if attempt == retries:
@@ -134,8 +145,9 @@ class EnvManager:
                         raise
                     raise fault from e
 
-    async def run(self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, eval_temperature: float | None = None,
-                  on_start=None) -> Trajectory:
+    async def run(
+        self, traj: Trajectory, task: TaskConfig, barrier: TurnBarrier | None = None, eval_temperature: float | None = None, on_start=None
+    ) -> Trajectory:
         """Play one trajectory to its end and score it. Raises on failure; the caller counts it. ``eval_temperature``: an
         evaluation's episode at that temperature (0 greedy; uncounted, unprofiled); None: a training rollout at the engine's."""
         tid = traj.id
@@ -155,8 +167,14 @@ class EnvManager:
         self.where[tid] = worker
         try:
             self.stage[tid] = "env-reset"
-            reset = {"traj_id": tid, "env": task.env, "env_args": task.env_args, "seed": traj.seed, "inject": task.inject,
-                     "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0"}
+            reset = {
+                "traj_id": tid,
+                "env": task.env,
+                "env_args": task.env_args,
+                "seed": traj.seed,
+                "inject": task.inject,
+                "member": tid.rsplit("/", 1)[-1] if "/" in tid else "0",
+            }
             obs, info = await self._env("env-reset", tasks.env_reset_stream, reset, worker, self.rollout.retries, task)
             choices = info.get("action_choices") if self.engine.constrained else None
             final_info: dict = {}
@@ -175,9 +193,18 @@ class EnvManager:
                 if self.profiler is not None and not evaluating:
                     self.profiler.asked(task.name, len(traj.turns), emulate, max_tokens)
                 messages = chat.ask(obs)
-                c = await self.proxy.generate(tid, lambda: task_pool(task, self.placed), messages, choices or None, max_tokens,
-                                              self.engine.temperature if eval_temperature is None else eval_temperature, emulate, counted=not evaluating, task=task.name,
-                                              stop=task.prompt.stop)
+                c = await self.proxy.generate(
+                    tid,
+                    lambda: task_pool(task, self.placed),
+                    messages,
+                    choices or None,
+                    max_tokens,
+                    self.engine.temperature if eval_temperature is None else eval_temperature,
+                    emulate,
+                    counted=not evaluating,
+                    task=task.name,
+                    stop=task.prompt.stop,
+                )
                 chat.answered(c.text)
                 if self.profiler is not None and not evaluating:
                     self.profiler.observe(task.name, traj.turns, c)
@@ -190,10 +217,23 @@ class EnvManager:
                 self.stage[tid] = "env-step"
                 last = turn == task.max_turns - 1 or (budget is not None and budget <= 0)
                 # env.step is not idempotent: no retry (a failed step fails the trajectory)
-                nobs, r, term, trunc, final_info = await self._env("env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0, task)
-                traj.turns.append(Turn(observation=obs, prompt_ids=c.prompt_ids, response_ids=c.token_ids, logprobs=c.logprobs,
-                                       allowed_ids=c.allowed_ids, version=c.version, action=c.text, env_reward=r,
-                                       token_versions=c.token_versions, messages=messages))
+                nobs, r, term, trunc, final_info = await self._env(
+                    "env-step", tasks.env_step_stream, {"traj_id": tid, "action": c.text, "last": last}, worker, 0, task
+                )
+                traj.turns.append(
+                    Turn(
+                        observation=obs,
+                        prompt_ids=c.prompt_ids,
+                        response_ids=c.token_ids,
+                        logprobs=c.logprobs,
+                        allowed_ids=c.allowed_ids,
+                        version=c.version,
+                        action=c.text,
+                        env_reward=r,
+                        token_versions=c.token_versions,
+                        messages=messages,
+                    )
+                )
                 obs, emulate = nobs, final_info.get("emulate")
                 if term or trunc:
                     break
@@ -229,8 +269,14 @@ class EnvManager:
         pool = "REWARD" if task.reward in self.stateful_rewards else self.reward_pool  # a judge stays local in either mode
         for attempt in range(self.rollout.retries + 1):
             try:
-                return await self.d.call("reward", tasks.reward_batch, dict(item), pool=pool, worker=self._reward_worker(pool),
-                                         timeout=self.rollout.reward_timeout_s)
+                return await self.d.call(
+                    "reward",
+                    tasks.reward_batch,
+                    dict(item),
+                    pool=pool,
+                    worker=self._reward_worker(pool),
+                    timeout=self.rollout.reward_timeout_s,
+                )
             except (CallFailed, TimeoutError, WorkerLost) as e:  # stateless: any reward worker may score it again
                 self.counts["reward_errors"] += 1
                 if attempt == self.rollout.retries:
@@ -250,7 +296,13 @@ class EnvManager:
     async def _close(self, tid: str, worker: str) -> None:
         try:
             # a call still holding the env after env_timeout_s has outlived its caller: the close ends it
-            await self.d.call("env-close", tasks.env_close_batch, {"traj_id": tid, "hung_after_s": self.rollout.env_timeout_s}, pool="CPU",
-                              worker=worker, timeout=2 * self.rollout.env_timeout_s)
+            await self.d.call(
+                "env-close",
+                tasks.env_close_batch,
+                {"traj_id": tid, "hung_after_s": self.rollout.env_timeout_s},
+                pool="CPU",
+                worker=worker,
+                timeout=2 * self.rollout.env_timeout_s,
+            )
         except Exception:
             pass  # best effort: the env host also drops envs when a worker restarts

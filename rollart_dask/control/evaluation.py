@@ -1,6 +1,7 @@
 """Held-out evaluation: a task's seeds played through the run's own engines, envs and rewards (the figures:
 algo/heldout.py). The run evaluates this way every ``eval.every`` steps; `rollart eval` does it for any
 checkpoint on any seed range, and compares two checkpoints seed by seed (a paired difference)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,6 +10,7 @@ from collections import Counter
 
 from rollart_dask.algo.heldout import reason, summarise
 from rollart_dask.types import Trajectory
+
 
 async def play(em, task, seeds: range, tag: str, temperature: float = 0.0, retries: int = 0) -> tuple[dict, dict[int, dict]]:
     """Play ``task`` on ``seeds`` (all at once: a slow env does not serialise the others); its figures and outcomes by seed,
@@ -23,8 +25,10 @@ async def play(em, task, seeds: range, tag: str, temperature: float = 0.0, retri
     pending, retried, retried_for = list(seeds), set(), Counter()  # (retried_for: why the seeds played again had failed)
     for round_ in range(retries + 1):
         # a new id each round: the env host refuses a reset of a trajectory it has closed
-        trajs = [Trajectory(id=f"eval-{tag}-{task.name}-{s}" + (f"~r{round_}" if round_ else ""), group_id="eval", task=task.name, seed=s)
-                 for s in pending]
+        trajs = [
+            Trajectory(id=f"eval-{tag}-{task.name}-{s}" + (f"~r{round_}" if round_ else ""), group_id="eval", task=task.name, seed=s)
+            for s in pending
+        ]
         results = await asyncio.gather(*(em.run(t, task, eval_temperature=temperature) for t in trajs), return_exceptions=True)
         pending, cancelled = [], False
         for t, r in zip(trajs, results):

@@ -13,6 +13,7 @@ relaunches the group is dropped. With fairness on, the SampleBuffer (buffer.py) 
 
 Pure (no Dask, no asyncio): tested without a cluster.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -45,8 +46,11 @@ def mix_shift(launched: Counter, trained: Counter) -> dict:
     """Launched and trained task shares (groups, since the run began) and the largest gap in percentage points."""
     ls, ts = shares(launched), shares(trained)
     gap = max((abs(ts.get(t, 0.0) - ls.get(t, 0.0)) for t in set(ls) | set(ts)), default=0.0)
-    return {"launched": {t: round(v, 4) for t, v in ls.items()}, "trained": {t: round(v, 4) for t, v in ts.items()},
-            "shift_pp": round(100 * gap, 2)}
+    return {
+        "launched": {t: round(v, 4) for t, v in ls.items()},
+        "trained": {t: round(v, 4) for t, v in ts.items()},
+        "shift_pp": round(100 * gap, 2),
+    }
 
 
 def length_shift(launched: dict[str, list[float]], trained: dict[str, list[float]], bins: int = 4) -> float:

@@ -8,6 +8,7 @@ training step and its weight update before rollout goes on. ``eager`` (the paper
 Levels: ``trajectory`` opens groups one by one as room appears; ``batch`` opens a whole wave of
 batch_groups groups whose turns advance in lock-step (a TurnBarrier), the synchronous baseline.
 """
+
 from __future__ import annotations
 
 import asyncio

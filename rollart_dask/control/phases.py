@@ -8,8 +8,11 @@ set carries it, whether the submit runs in this coroutine or in a task created i
 re-entered later (same ids, so the same span on the scheduler): that is how the phases of one step,
 entered from different methods, all nest under that step's span.
 """
+
 from __future__ import annotations
 
+import itertools
+import uuid
 from contextlib import contextmanager
 
 import dask
@@ -48,3 +51,20 @@ def current_span_id() -> str | None:
     """The id of the span tasks submitted now would join (None outside any span)."""
     ann = dask.get_annotations().get("span")
     return ann["ids"][-1] if ann else None
+
+
+_KEY_PREFIX = uuid.uuid4().hex[:6]  # this process's keys never meet another client's on a shared scheduler
+_key_ids = itertools.count()
+
+
+def task_key(stage: str):
+    """A task's key, named by its stage: ``stage-<id>``, or inside a span ``("stage-<span id>", "<id>")``.
+
+    The scheduler files a task under the span of its TaskGroup, and a string key's group is just the
+    stage: the train task of step 12 would join the span of step 11's train task if that one is
+    still alive. A group per (stage, span) keeps each step and phase in its own span; Dask's
+    ``key_split`` of either form is still the stage, so the task stream colours and groups by stage.
+    """
+    token = f"{_KEY_PREFIX}{next(_key_ids):x}"
+    span_id = current_span_id()
+    return f"{stage}-{token}" if span_id is None else (f"{stage}-{span_id.replace('-', '')}", token)

@@ -20,6 +20,7 @@ then on. ``placement.profile_from`` reads an earlier run's profile instead and d
 Only emulated flows know their pools' hardware (``emulation.pools``): the predictor is the emulation
 tool's simulator, named here as a string.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -111,10 +112,15 @@ class Profiler:
         for task, firsts in self.first.items():
             asked = self.asked_out.get(task)
             turns = self.asked_turns[task] / self.asked_first[task] if asked and self.asked_first[task] else self.turns[task] / len(firsts)
-            out[task] = {"trajectories": len(firsts), "turns": turns, "lengths_from": "asked" if asked else "answered",
-                         "prompt_tokens": fit_lengths(firsts), "output_tokens": fit_lengths(asked or self.out[task]),
-                         "obs_tokens": fit_lengths(self.new[task]) if self.new.get(task) else 0,
-                         "prefix_hit": self.reused[task] / max(self.prompt[task], 1)}
+            out[task] = {
+                "trajectories": len(firsts),
+                "turns": turns,
+                "lengths_from": "asked" if asked else "answered",
+                "prompt_tokens": fit_lengths(firsts),
+                "output_tokens": fit_lengths(asked or self.out[task]),
+                "obs_tokens": fit_lengths(self.new[task]) if self.new.get(task) else 0,
+                "prefix_hit": self.reused[task] / max(self.prompt[task], 1),
+            }
         return out
 
 
@@ -137,13 +143,22 @@ def profiled_flow(cfg: FlowConfig, profiles: dict[str, dict], steps: int) -> dic
         p = profiles.get(t["name"])
         if p is None:
             if t["env"] != "synthetic":
-                raise FlowError(f"placement: task {t['name']} has no measured profile (none of its trajectories generated during "
-                                f"placement.profile_steps): raise profile_steps, or give it an affinity")
+                raise FlowError(
+                    f"placement: task {t['name']} has no measured profile (none of its trajectories generated during "
+                    f"placement.profile_steps): raise profile_steps, or give it an affinity"
+                )
         else:
-            keep = {k: v for k, v in t["env_args"].items() if k in ("success_p", "reward_s", "time_scale")} if t["env"] == "synthetic" else {}
+            keep = (
+                {k: v for k, v in t["env_args"].items() if k in ("success_p", "reward_s", "time_scale")} if t["env"] == "synthetic" else {}
+            )
             t["env"], t["reward"] = "synthetic", "emulated"
-            t["env_args"] = {**keep, "turns": max(1, round(p["turns"])), "prompt_tokens": p["prompt_tokens"],
-                             "output_tokens": p["output_tokens"], "obs_tokens": p["obs_tokens"]}
+            t["env_args"] = {
+                **keep,
+                "turns": max(1, round(p["turns"])),
+                "prompt_tokens": p["prompt_tokens"],
+                "output_tokens": p["output_tokens"],
+                "obs_tokens": p["obs_tokens"],
+            }
         if t["affinity"] == "auto":
             t["affinity"] = "any"
     return data
@@ -206,7 +221,13 @@ class AutoPlacement:
             decision["applied_at_step"] = number
             self._calibrate(decision, self._measured_since(WARMUP_STEPS + 1, number))
             self._apply(decision)
-            write({"kind": "placement", "step": number, **{k: decision[k] for k in ("mapping", "pd", "predicted_step_s", "runtime_factor", "ranking")}})
+            write(
+                {
+                    "kind": "placement",
+                    "step": number,
+                    **{k: decision[k] for k in ("mapping", "pd", "predicted_step_s", "runtime_factor", "ranking")},
+                }
+            )
 
     def _gaps(self, first: int, last: int) -> list[float]:
         """Step times (emulated s) of steps ``first``..``last``, each from the one before it."""
@@ -237,11 +258,22 @@ class AutoPlacement:
         t0 = time.monotonic()
         # at the lowest CPU priority: the run's emulated time is wall-clock, and the steps it runs meanwhile calibrate the factor
         with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=os.nice, initargs=(19,)) as pool:
-            ranking = await asyncio.get_running_loop().run_in_executor(pool, rank, flow, [t.name for t in self.auto], workers, p.sim_seeds,
-                                                                       self.pd_auto)
-        return {"mapping": ranking[0]["mapping"], "pd": ranking[0].get("pd"), "simulated_step_s": ranking[0]["step_s"], "ranking": ranking, "profile": profile,
-                "runtime_factor": self._factor, "factor_from": self._factor_from,
-                "profiled_at_step": step, "profile_source": source, "engine_workers": workers, "decide_s": time.monotonic() - t0}
+            ranking = await asyncio.get_running_loop().run_in_executor(
+                pool, rank, flow, [t.name for t in self.auto], workers, p.sim_seeds, self.pd_auto
+            )
+        return {
+            "mapping": ranking[0]["mapping"],
+            "pd": ranking[0].get("pd"),
+            "simulated_step_s": ranking[0]["step_s"],
+            "ranking": ranking,
+            "profile": profile,
+            "runtime_factor": self._factor,
+            "factor_from": self._factor_from,
+            "profiled_at_step": step,
+            "profile_source": source,
+            "engine_workers": workers,
+            "decide_s": time.monotonic() - t0,
+        }
 
     def _apply(self, decision: dict) -> None:
         for t in self.auto:
@@ -252,10 +284,13 @@ class AutoPlacement:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "placement.json").write_text(json.dumps(decision, indent=2))
         worst = decision["ranking"][-1]
-        console.print("placement (auto): " + describe(decision, self.pd_auto)
-                      + f"; predicted step time {decision['predicted_step_s']:.1f} emulated s ({len(decision['ranking'])} mappings "
-                      f"simulated on the {decision['profile_source']} profile, × {decision['runtime_factor']:.2f} for the runtime's "
-                      f"cost measured on {decision['factor_from']}; slowest {worst['predicted_step_s']:.1f} s)")
+        console.print(
+            "placement (auto): "
+            + describe(decision, self.pd_auto)
+            + f"; predicted step time {decision['predicted_step_s']:.1f} emulated s ({len(decision['ranking'])} mappings "
+            f"simulated on the {decision['profile_source']} profile, × {decision['runtime_factor']:.2f} for the runtime's "
+            f"cost measured on {decision['factor_from']}; slowest {worst['predicted_step_s']:.1f} s)"
+        )
 
     def summary(self) -> dict | None:
         """The decision beside the step time measured after it (its first step left out: it began on the old mapping)."""
@@ -267,8 +302,17 @@ class AutoPlacement:
         measured = sum(gaps) / len(gaps) if gaps else None
         # the mean's standard error: step times vary by tens of percent (heavy-tailed env latencies), so does a few steps' mean
         se = statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else None
-        return {"mapping": d["mapping"], "pd": d.get("pd"), "predicted_step_s": d["predicted_step_s"], "simulated_step_s": d["simulated_step_s"],
-                "runtime_factor": d["runtime_factor"], "measured_step_s": measured, "measured_se_s": se,
-                "refit_factor": measured / d["simulated_step_s"] if measured else None,  # the factor the steps after the switch would give
-                "steps_measured": sum(1 for n in self._step_done if n >= start), "error": (d["predicted_step_s"] - measured) / measured if measured else None,
-                "applied_at_step": d.get("applied_at_step", 0), "ranking": d["ranking"]}
+        return {
+            "mapping": d["mapping"],
+            "pd": d.get("pd"),
+            "predicted_step_s": d["predicted_step_s"],
+            "simulated_step_s": d["simulated_step_s"],
+            "runtime_factor": d["runtime_factor"],
+            "measured_step_s": measured,
+            "measured_se_s": se,
+            "refit_factor": measured / d["simulated_step_s"] if measured else None,  # the factor the steps after the switch would give
+            "steps_measured": sum(1 for n in self._step_done if n >= start),
+            "error": (d["predicted_step_s"] - measured) / measured if measured else None,
+            "applied_at_step": d.get("applied_at_step", 0),
+            "ranking": d["ranking"],
+        }

@@ -3,6 +3,7 @@ episode (its expert's actions, else its first allowed action), and the task's re
 the way the run will call it (the deployed Lambda function, or in-process). An unknown env or reward name, bad
 env_args, an observation that is not text, an env or reward that raises, a reward that is not a finite number: all
 are reported together, naming task and call, before the run starts (``rollart check FLOW`` runs only this)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,10 @@ async def check(cfg: FlowConfig, services) -> dict[str, dict]:
     results = await asyncio.gather(*(_one(t, services, cpu[i % len(cpu)]) for i, t in enumerate(cfg.tasks)), return_exceptions=True)
     problems = [f"task {t.name!r}: {r}" for t, r in zip(cfg.tasks, results) if isinstance(r, BaseException)]
     if problems:
-        raise PreflightError(f"pre-flight: {len(problems)} of {len(cfg.tasks)} tasks fail before any generation "
-                             "(each task's env played one episode, its reward called on it):\n- " + "\n- ".join(problems))
+        raise PreflightError(
+            f"pre-flight: {len(problems)} of {len(cfg.tasks)} tasks fail before any generation "
+            "(each task's env played one episode, its reward called on it):\n- " + "\n- ".join(problems)
+        )
     return dict(zip((t.name for t in cfg.tasks), results))
 
 
@@ -36,9 +39,26 @@ async def _one(task: TaskConfig, s, worker: str) -> dict:
         raise RuntimeError(f"env: {_said(e)}") from None
     if "user_error" in episode:
         raise RuntimeError(f"env: {episode['user_error']}")
-    traj = Trajectory(id=f"preflight-{task.name}", group_id="preflight", task=task.name, seed=0, info=episode["info"],
-                      turns=[Turn(observation=t["observation"], prompt_ids=[], response_ids=[], logprobs=[], allowed_ids=None, version=0,
-                                  action=t["action"], env_reward=t["env_reward"]) for t in episode["turns"]])
+    traj = Trajectory(
+        id=f"preflight-{task.name}",
+        group_id="preflight",
+        task=task.name,
+        seed=0,
+        info=episode["info"],
+        turns=[
+            Turn(
+                observation=t["observation"],
+                prompt_ids=[],
+                response_ids=[],
+                logprobs=[],
+                allowed_ids=None,
+                version=0,
+                action=t["action"],
+                env_reward=t["env_reward"],
+            )
+            for t in episode["turns"]
+        ],
+    )
     try:
         score = await s.em.score(task, traj)
     except Exception as e:

@@ -1,5 +1,6 @@
 """LLMProxy: routes generation by affinity and load, sticky per trajectory; suspend/resume;
 cooperative abort (Dask cannot stop a running task, so the engine's own abort is used)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from rollart_dask.control.dispatch import Dispatcher, task_key
+from rollart_dask.control.dispatch import Dispatcher
+from rollart_dask.control.phases import task_key
 from rollart_dask.control.timeouts import FLOOR_S, GenerateTimeouts
 from rollart_dask.data import tasks
 from rollart_dask.resource.pools import ENGINE_POOLS, submit_kwargs
@@ -21,8 +23,16 @@ class TrajectoryCancelled(Exception):
 
 
 class LLMProxy:
-    def __init__(self, dispatcher: Dispatcher, engines: dict[str, list[str]], timeout_s: float | str = 120, streamed: bool = False, pd=None,
-                 partial: str = "restart", wait_s: float = 120):
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        engines: dict[str, list[str]],
+        timeout_s: float | str = 120,
+        streamed: bool = False,
+        pd=None,
+        partial: str = "restart",
+        wait_s: float = 120,
+    ):
         self.d = dispatcher
         self.wait_s = wait_s  # how long a call waits for an engine of its pool when there is none (lost, a replacement coming)
         self._joined = asyncio.Event()  # an engine began serving
@@ -74,8 +84,19 @@ class LLMProxy:
         self.sticky[traj_id] = addr
         return addr
 
-    async def generate(self, traj_id: str, pool: str | None | Callable[[], str | None], prompt: str, choices: list[str] | None, max_tokens: int, temperature: float,
-                       emulate: dict | None = None, counted: bool = True, task: str = "", stop: list[str] | None = None) -> Completion:
+    async def generate(
+        self,
+        traj_id: str,
+        pool: str | None | Callable[[], str | None],
+        prompt: str,
+        choices: list[str] | None,
+        max_tokens: int,
+        temperature: float,
+        emulate: dict | None = None,
+        counted: bool = True,
+        task: str = "",
+        stop: list[str] | None = None,
+    ) -> Completion:
         """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it). ``counted``: its
         tokens go into ``tokens`` (False for evaluation, which is never trained). ``task``: whose call (``landed``). ``pool``
         may be a callable, asked each time the call is (re-)issued: a turn aborted by Suspend goes where its task is placed
@@ -114,8 +135,9 @@ class LLMProxy:
             c = None
             try:
                 fn = route or (tasks.generate_stream if self.streamed else tasks.generate_batch)
-                call = asyncio.ensure_future(self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=budget.fixed,
-                                                         streamed=self.streamed))
+                call = asyncio.ensure_future(
+                    self.d.call("generate", fn, item, pool=self.pool_of[addr], worker=addr, timeout=budget.fixed, streamed=self.streamed)
+                )
                 c = await budget.wait(call, addr, started)
             except TimeoutError:
                 self.timed_out += 1
@@ -151,7 +173,9 @@ class LLMProxy:
             deadline = deadline or asyncio.get_running_loop().time() + self.wait_s
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                raise RuntimeError(f"no engine for pool {pool or 'any'} for rollout.worker_wait_s={self.wait_s:.0f} s; engines: {self.engines}")
+                raise RuntimeError(
+                    f"no engine for pool {pool or 'any'} for rollout.worker_wait_s={self.wait_s:.0f} s; engines: {self.engines}"
+                )
             self._joined.clear()
             try:
                 await asyncio.wait_for(self._joined.wait(), left)
@@ -210,8 +234,13 @@ class LLMProxy:
         with the generate batches sent before it, and no scheduler between (a Dask task each cost the step protocol
         a scheduler round trip per call)."""
         items = {a: item for a, item in items.items() if a in self.pool_of}
-        results = await asyncio.gather(*(self.d.call(stage, fn, item, pool=self.pool_of[a], worker=a, timeout=self.timeout_s, streamed=streamed)
-                                         for a, item in items.items()), return_exceptions=True)
+        results = await asyncio.gather(
+            *(
+                self.d.call(stage, fn, item, pool=self.pool_of[a], worker=a, timeout=self.timeout_s, streamed=streamed)
+                for a, item in items.items()
+            ),
+            return_exceptions=True,
+        )
         for a, r in zip(items, results):
             if isinstance(r, BaseException) and a in self.pool_of:  # (an engine lost meanwhile has nothing to do any more)
                 if isinstance(r, Exception) and self.on_engine_error is not None and await self.on_engine_error(a, r):
@@ -266,8 +295,14 @@ class Prefix:
         if self.prompt_ids is None:
             return c
         allowed = None if self.allowed is None and c.allowed_ids is None else (self.allowed or []) + list(c.allowed_ids or [])
-        return replace(c, prompt_ids=self.prompt_ids, token_ids=self.ids + list(c.token_ids), logprobs=self.logprobs + list(c.logprobs),
-                       allowed_ids=allowed, token_versions=self.versions + [c.version] * len(c.token_ids))
+        return replace(
+            c,
+            prompt_ids=self.prompt_ids,
+            token_ids=self.ids + list(c.token_ids),
+            logprobs=self.logprobs + list(c.logprobs),
+            allowed_ids=allowed,
+            token_versions=self.versions + [c.version] * len(c.token_ids),
+        )
 
 
 # -- prefill/decode disaggregation (rollout.pd): a call's route through two engines ------------------------

@@ -10,6 +10,7 @@ the version published again with the lost trainer's). The published version is p
 it) and a Train or checkpoint that was in flight is submitted again. Those replays are the steps redone;
 no batch is lost, and none counts twice (each trained once into the trainer that goes on).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -116,8 +117,10 @@ class TrainerRecovery:
             deadline = t0 + run.cfg.rollout.worker_wait_s
             while s.client.status != "running":
                 if s.client.status in ("closing", "closed") or time.monotonic() > deadline:
-                    raise ConnectionError(f"the client did not reconnect within rollout.worker_wait_s={run.cfg.rollout.worker_wait_s:.0f} s "
-                                          f"(status {s.client.status})")
+                    raise ConnectionError(
+                        f"the client did not reconnect within rollout.worker_wait_s={run.cfg.rollout.worker_wait_s:.0f} s "
+                        f"(status {s.client.status})"
+                    )
                 await asyncio.sleep(0.1)
             run.counts["scheduler_reconnects"] += 1
             if recovering is not None:
@@ -133,8 +136,11 @@ class TrainerRecovery:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the run ends, saying why
-            run.fail(RuntimeError(f"the client lost the scheduler and the run could not go on ({type(e).__name__}: {e}); "
-                                  "restart the run with --resume"))
+            run.fail(
+                RuntimeError(
+                    f"the client lost the scheduler and the run could not go on ({type(e).__name__}: {e}); restart the run with --resume"
+                )
+            )
             return
         self.down.clear()
         self.healthy.set()
@@ -165,10 +171,15 @@ class TrainerRecovery:
                 self.run.counts["checkpoint_failed"] += 1
                 last = f"the last good one is {self.base}" if self.base else "there is none yet"
                 if final and attempt == FINAL_TRIES:
-                    raise OSError(e.errno, f"the run's final checkpoint could not be written to {path} after {FINAL_TRIES} tries "
-                                           f"({e}); {last} (rollart run --resume continues from it)") from e
-                console.print(f"[yellow]checkpoint v{version} could not be written to {path} ({e}); {last}"
-                              f"{f': trying again in {FINAL_WAIT_S:.0f} s' if final else ': the run goes on'}[/yellow]")
+                    raise OSError(
+                        e.errno,
+                        f"the run's final checkpoint could not be written to {path} after {FINAL_TRIES} tries "
+                        f"({e}); {last} (rollart run --resume continues from it)",
+                    ) from e
+                console.print(
+                    f"[yellow]checkpoint v{version} could not be written to {path} ({e}); {last}"
+                    f"{f': trying again in {FINAL_WAIT_S:.0f} s' if final else ': the run goes on'}[/yellow]"
+                )
                 if not final:
                     return None
                 after = None
@@ -265,8 +276,10 @@ class TrainerRecovery:
     async def _recover(self, lost: str) -> None:
         run, s = self.run, self.run.services
         name, t0 = s.poolmap.name(lost), time.monotonic()
-        console.print(f"[yellow]the trainer's worker {name} was lost: re-creating the trainer from "
-                      f"{self.base or 'the model'} and replaying {len(self.log)} trainer calls[/yellow]")
+        console.print(
+            f"[yellow]the trainer's worker {name} was lost: re-creating the trainer from "
+            f"{self.base or 'the model'} and replaying {len(self.log)} trainer calls[/yellow]"
+        )
         try:
             address = await self._replacement(lost)
             s.trainer = s.weights.trainer = address
@@ -293,15 +306,21 @@ class TrainerRecovery:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the run ends, saying why
-            run.fail(RuntimeError(f"worker {name} holding the trainer was lost and the trainer could not be re-created "
-                                  f"({type(e).__name__}: {e}); restart the run with --resume"))
+            run.fail(
+                RuntimeError(
+                    f"worker {name} holding the trainer was lost and the trainer could not be re-created "
+                    f"({type(e).__name__}: {e}); restart the run with --resume"
+                )
+            )
             return
         run.counts["trainer_recovered"] += 1
         self._lost = None
         self.down.clear()
         self.healthy.set()
-        console.print(f"trainer re-created on {s.poolmap.name(address)} at v{run.published} in {time.monotonic() - t0:.1f} s "
-                      f"(weights {same} to the lost trainer's)")
+        console.print(
+            f"trainer re-created on {s.poolmap.name(address)} at v{run.published} in {time.monotonic() - t0:.1f} s "
+            f"(weights {same} to the lost trainer's)"
+        )
 
     async def _replacement(self, lost: str) -> str:
         """A TRAIN worker other than ``lost`` whose trainer is built, within rollout.worker_wait_s."""

@@ -17,6 +17,7 @@ endpoint retires an idle one after ``reward.keep_warm_s``, in emulated seconds i
 charges invocations only, cold-start init included). The REWARD workers that host stateful rewards
 in a serverless run report their own utilisation (``local``: busy time / wall time).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -79,7 +80,13 @@ class RewardPlane:
 
             model = str(prepare_model(self.cfg))
         self.judge_model = model if self.stateful else None
-        return {"stateful": list(self.stateful), "pinned": list(self.pinned), "judge_model": model, "judge_max_batch": r.judge_max_batch, "seed": self.cfg.seed}
+        return {
+            "stateful": list(self.stateful),
+            "pinned": list(self.pinned),
+            "judge_model": model,
+            "judge_max_batch": r.judge_max_batch,
+            "seed": self.cfg.seed,
+        }
 
     async def _check_reward_pool(self) -> None:
         """Stateful rewards of a serverless run need a REWARD worker: an error naming the pool, not a stuck call."""
@@ -95,13 +102,18 @@ class RewardPlane:
     def _announce(self) -> None:
         for reward in self.stateful:
             self.where[reward] = "REWARD (stateful: judge engine)"
-            console.print(f"reward {reward}: stateful (needs an engine) — runs on the REWARD pool with judge model "
-                          f"{self.cfg.reward.judge_model}" + (f" ({self.judge_model})" if self.judge_model != self.cfg.reward.judge_model else "")
-                          + (", not deployed as a Lambda function" if self.mode == "serverless" else ""))
+            console.print(
+                f"reward {reward}: stateful (needs an engine) — runs on the REWARD pool with judge model "
+                f"{self.cfg.reward.judge_model}"
+                + (f" ({self.judge_model})" if self.judge_model != self.cfg.reward.judge_model else "")
+                + (", not deployed as a Lambda function" if self.mode == "serverless" else "")
+            )
         for reward in self.pinned:
             self.where[reward] = "REWARD (declared stateful)"
-            console.print(f"reward {reward}: declared stateful (@rollart_dask.reward(stateless=False)) — runs on the REWARD pool"
-                          + (", not deployed as a Lambda function" if self.mode == "serverless" else ""))
+            console.print(
+                f"reward {reward}: declared stateful (@rollart_dask.reward(stateless=False)) — runs on the REWARD pool"
+                + (", not deployed as a Lambda function" if self.mode == "serverless" else "")
+            )
 
     async def start(self) -> dict:
         """Start/deploy what the mode needs; returns the spec of the reward runner."""
@@ -115,8 +127,15 @@ class RewardPlane:
             return {"mode": "local", **judge}
         if self.kept_local:
             await self._check_reward_pool()
-        spec = {"mode": "serverless", "endpoint_url": "aws", "region": r.region, "retries": r.invoke_retries,
-                "timeout_s": self.cfg.rollout.reward_timeout_s, "threads": r.invoke_threads, **judge}
+        spec = {
+            "mode": "serverless",
+            "endpoint_url": "aws",
+            "region": r.region,
+            "retries": r.invoke_retries,
+            "timeout_s": self.cfg.rollout.reward_timeout_s,
+            "threads": r.invoke_threads,
+            **judge,
+        }
         plain = sorted({t.reward for t in self.cfg.tasks} - set(self.kept_local))
         if not plain:
             console.print("reward: every reward of this flow is stateful: no Lambda endpoint is needed")
@@ -125,11 +144,19 @@ class RewardPlane:
 
         if r.endpoint_url is None:
             if self.start_endpoint is None:
-                raise RuntimeError("reward.mode=serverless without reward.endpoint_url needs a local endpoint started for the run: "
-                                   "run the flow through rollart_dask.entry.api.run_flow (or `rollart run`), or set reward.endpoint_url")
-            self.endpoint = await asyncio.to_thread(self.start_endpoint, host="127.0.0.1", port=0, state_dir=str(self.out / "lambda"),
-                                                    keep_warm_s=self.keep_warm_wall_s(), mode="process",
-                                                    faults=r.endpoint_faults.model_dump() if r.endpoint_faults else None)
+                raise RuntimeError(
+                    "reward.mode=serverless without reward.endpoint_url needs a local endpoint started for the run: "
+                    "run the flow through rollart_dask.entry.api.run_flow (or `rollart run`), or set reward.endpoint_url"
+                )
+            self.endpoint = await asyncio.to_thread(
+                self.start_endpoint,
+                host="127.0.0.1",
+                port=0,
+                state_dir=str(self.out / "lambda"),
+                keep_warm_s=self.keep_warm_wall_s(),
+                mode="process",
+                faults=r.endpoint_faults.model_dump() if r.endpoint_faults else None,
+            )
             self.url = self.endpoint.url
             console.print(f"reward endpoint (local, Lambda API): {self.url}")
         else:
@@ -139,8 +166,16 @@ class RewardPlane:
         for reward in plain:
             name = function_name(r.function_prefix, reward)
             if r.deploy:
-                out = await asyncio.to_thread(deploy, name, reward, client, role_arn=r.role_arn, timeout=r.function_timeout_s,
-                                              memory=r.memory_mb, concurrency=r.concurrency)
+                out = await asyncio.to_thread(
+                    deploy,
+                    name,
+                    reward,
+                    client,
+                    role_arn=r.role_arn,
+                    timeout=r.function_timeout_s,
+                    memory=r.memory_mb,
+                    concurrency=r.concurrency,
+                )
                 console.print(f"reward {reward}: {out['action']} {out['function_arn']}")
             self.functions[reward] = name
             self.where[reward] = f"SERVERLESS (Lambda {name})"
@@ -179,19 +214,32 @@ class RewardPlane:
             out["rewards"][name] = row
         if self.stateful or delta.get("judge_calls", 0):
             batches = int(delta.get("judge_batches", 0))
-            out["judge"] = {"model": self.judge_model, "calls": int(delta.get("judge_calls", 0)), "batches": batches,
-                            "errors": int(delta.get("judge_errors", 0)),
-                            "batch_ms": round(1000 * delta.get("judge_s", 0.0) / batches, 2) if batches else 0.0}
+            out["judge"] = {
+                "model": self.judge_model,
+                "calls": int(delta.get("judge_calls", 0)),
+                "batches": batches,
+                "errors": int(delta.get("judge_errors", 0)),
+                "batch_ms": round(1000 * delta.get("judge_s", 0.0) / batches, 2) if batches else 0.0,
+            }
         if self.mode == "local":
             out["utilisation"] = out["paid_utilisation"] = round(delta.get("busy_s", 0.0) / max(wall_s * max(n_reserved, 1), 1e-9), 4)
             return out
-        out.update(cold_starts=int(delta.get("cold_starts", 0)), throttles=int(delta.get("throttles", 0)),
-                   retries=int(delta.get("retries", 0)), errors=int(delta.get("errors", 0)), billed_s=round(delta.get("billed_ms", 0.0) / 1000, 4))
+        out.update(
+            cold_starts=int(delta.get("cold_starts", 0)),
+            throttles=int(delta.get("throttles", 0)),
+            retries=int(delta.get("retries", 0)),
+            errors=int(delta.get("errors", 0)),
+            billed_s=round(delta.get("billed_ms", 0.0) / 1000, 4),
+        )
         if self.stateful:  # the REWARD workers hosting stateful rewards: their own busy fraction
             hosts = int(gauges.get("n_local", 0))
-            out["local"] = {"pool": "REWARD", "workers": hosts, "calls": int(delta.get("local_calls", 0)),
-                            "busy_s": round(delta.get("busy_s", 0.0), 4),
-                            "utilisation": round(delta.get("busy_s", 0.0) / max(wall_s * max(hosts, 1), 1e-9), 4)}
+            out["local"] = {
+                "pool": "REWARD",
+                "workers": hosts,
+                "calls": int(delta.get("local_calls", 0)),
+                "busy_s": round(delta.get("busy_s", 0.0), 4),
+                "utilisation": round(delta.get("busy_s", 0.0) / max(wall_s * max(hosts, 1), 1e-9), 4),
+            }
         if self.endpoint is not None:
             try:
                 fns = self.endpoint.stats().get("functions", {})

@@ -5,13 +5,13 @@ under the staleness bound (launcher.py), telemetry (telemetry.py), training samp
 (algo/samples.py). Modes share this code: ``sync`` (batch level, α=0: no overlap), ``one_off``
 (batch level, α=1) and ``rollart`` (trajectory level, any α).
 """
+
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -25,30 +25,16 @@ from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
 from rollart_dask.control.launcher import Launcher
 from rollart_dask.control.recovery import TrainerRecovery
-from rollart_dask.control.telemetry import Telemetry, pd_metrics
+from rollart_dask.control.steprecord import StepRecord
+from rollart_dask.control.telemetry import Telemetry
 from rollart_dask.data import tasks
 from rollart_dask.observe import MetricsWriter, console
 
 
-@dataclass
-class StepRecord:
-    """One training step's metrics, filled phase by phase and written once, when its Train is done."""
-
-    step: int  # this run's step number (1, 2, …)
-    rollout: dict = field(default_factory=dict)  # what rollout did since the last step (telemetry.rollout_row)
-    batch: dict = field(default_factory=dict)  # what was trained: reward, success, signal, per task, staleness
-    phases: dict = field(default_factory=dict)  # seconds: get_batch_s, suspend_s, update_s, recompute_kv_s, wait_train_s
-    weights: dict | None = None  # the pull of the installed version (weights/store.py), when one was installed
-    train: dict = field(default_factory=dict)  # the trainer's metrics
-    version: int = 0  # the version this step's Train published
-
-    def row(self) -> dict:
-        pull = {"weights": self.weights} if self.weights is not None else {}
-        return {"kind": "step", "step": self.version, "version": self.version, **self.batch, **self.rollout, **self.phases, **pull, **self.train}
-
-
 class Run:
-    def __init__(self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool | Path = False, start_endpoint: Callable | None = None):
+    def __init__(
+        self, cfg: FlowConfig, client, out_dir: Path, model_dir: Path, resume: bool | Path = False, start_endpoint: Callable | None = None
+    ):
         self.cfg, self.client, self.out, self.model_dir = cfg, client, out_dir, model_dir
         self.from_checkpoint, self.start_endpoint = resume, start_endpoint
         r = cfg.rollout
@@ -88,8 +74,9 @@ class Run:
 
     # -- set-up -------------------------------------------------------------------------------------
     async def setup(self) -> None:
-        s = self.services = await wiring.wire(self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint,
-                                              on_weights=lambda w: setattr(self, "_weights", w))
+        s = self.services = await wiring.wire(
+            self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint, on_weights=lambda w: setattr(self, "_weights", w)
+        )
         self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts, on_fatal=self.fail)
         self.placement = await placement.attach(self.cfg, self.out, s)
         elastic.watch(self)
@@ -306,14 +293,23 @@ class Run:
             else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
                 chosen = tasks or self.cfg.tasks
                 tag, retries = f"{self.run_id}-v{version}", self.cfg.eval.retries
-                played = await asyncio.gather(*(evaluation.play(self.services.em, t, seeds_of(t), tag, temperature, retries) for t in chosen))
+                played = await asyncio.gather(
+                    *(evaluation.play(self.services.em, t, seeds_of(t), tag, temperature, retries) for t in chosen)
+                )
                 out = {t.name: figures for t, (figures, _) in zip(chosen, played)}
                 self.outcomes = {t.name: outcomes for t, (_, outcomes) in zip(chosen, played)}
                 for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
                     if not is_complete(fig):
                         console.print(f"held-out {name} at v{version}: {incomplete_note(fig)}", markup=False, style="yellow")
-        row = {"kind": "eval", "step": version, "version": version, "eval": out, "temperature": temperature,
-               "elapsed_s": time.monotonic() - self.t_start, "eval_s": time.monotonic() - t0}
+        row = {
+            "kind": "eval",
+            "step": version,
+            "version": version,
+            "eval": out,
+            "temperature": temperature,
+            "elapsed_s": time.monotonic() - self.t_start,
+            "eval_s": time.monotonic() - t0,
+        }
         self.history.append(row)
         self.metrics.write(row)
         return out
@@ -325,14 +321,16 @@ class Run:
             return await self._run(on_step)
 
     async def _run(self, on_step) -> dict:
-        cfg, s = self.cfg, self.services
+        cfg = self.cfg
         self.t_start = self.progress_at = time.monotonic()  # set-up (model loads, warm start) is not a stall
         # one Dask span for the run: the first evaluation, rollout and every step nest in it
         self._run_span = self._step_span = phases.new_span("rollart")
         self.launcher.rollout_span = phases.new_span("rollout", parent=self._run_span)
         t = self.telemetry
         self._unwatch = self.recovery.watch_connection()  # (undone at stop: the client may be the user's)
-        self._bg = stopping.background(self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "monitor": t.monitor(), "feed": t.feed()})
+        self._bg = stopping.background(
+            self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "monitor": t.monitor(), "feed": t.feed()}
+        )
         notify = on_step or (lambda run: None)
         try:
             await self.evaluate()
@@ -351,12 +349,8 @@ class Run:
             if self.history[-1]["version"] != self.engine_version:
                 await self.evaluate()
             notify(self)
-            ckpt = self.final_checkpoint = await self.checkpoint(final=True)
-            return {"first": self.history[0], "last": self.history[-1], "checkpoint": ckpt, "elapsed_s": time.monotonic() - self.t_start,
-                    "counts": {**self.buffer.counts, **self.counts, **s.em.counts, **s.weights.counts}, "steps": self.published - self.launcher.base_version,
-                    "weights": s.weights.summary(), "rollout_tokens": self.telemetry.tokens(), "generate_pools": s.proxy.landed_by_task(), "accounting": self.accounting(),
-                    **({"pd": pd_metrics(t.engine_stats)} if cfg.rollout.pd else {}),  # totals at the last step
-                    **({"placement": self.placement.summary()} if self.placement else {})}
+            self.final_checkpoint = await self.checkpoint(final=True)
+            return stopping.ended(self)
         except Exception as e:  # stopped on an error: what the run has is still written (the entry point's summary.json)
             e.partial = await stopping.stopped_with(self, e)
             raise
@@ -364,8 +358,11 @@ class Run:
             await self.stop()
 
     def accounting(self) -> dict:  # launched trajectories by outcome (SampleBuffer.account), and what would mean a sample lost or made up
-        return {**self.buffer.account(), "trained_twice": len(self.trained_ids) - len(set(self.trained_ids)),
-                "trained_without_reward": self.counts["trained_without_reward"]}
+        return {
+            **self.buffer.account(),
+            "trained_twice": len(self.trained_ids) - len(set(self.trained_ids)),
+            "trained_without_reward": self.counts["trained_without_reward"],
+        }
 
     async def checkpoint(self, after=None, final: bool = False) -> str | None:
         """An HF checkpoint of the trainer at the run's version (ordered after the Train future ``after``): recovery.py."""
@@ -388,8 +385,10 @@ class Run:
         if self.services is not None:  # the cancelled trajectories' envs are closed before the channels shut
             left = await self.services.em.closes_done(timeout=2 * self.cfg.rollout.env_timeout_s)  # (one may wait out a hung call)
             if left:
-                console.print(f"[yellow]{left} env closes got no answer within rollout.env_timeout_s "
-                              f"({self.cfg.rollout.env_timeout_s:.0f} s): their envs may outlive the run[/yellow]")
+                console.print(
+                    f"[yellow]{left} env closes got no answer within rollout.env_timeout_s "
+                    f"({self.cfg.rollout.env_timeout_s:.0f} s): their envs may outlive the run[/yellow]"
+                )
         try:
             self.metrics.close(self.final_checkpoint)
             self.d.close()

@@ -6,6 +6,7 @@ Series (steps, weight syncs, evaluations) go as their last ``TAIL`` entries, eac
 version): the scheduler side merges them by key, so a lost or repeated snapshot loses nothing and
 each message stays a few kB however long the run is.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,17 +51,38 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         "inflight": dict(run.in_flight()),
         "counts": counts,
         # monotonic totals since the run began (Prometheus counters: tools/dashboard/prometheus.py)
-        "totals": {"generate_calls": int(run.services.proxy.requests), **{f"reward_{k}": int(v) for k, v in run.telemetry.reward_totals.items()}},
-        "steps": [{"step": int(r["step"]), "t": _r(r.get("elapsed_s", 0.0), 2),
-                   "busy": {p: _r(v) for p, v in (r.get("pool_busy") or {}).items()},
-                   "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},
-                   "mix": _mix_gap(r.get("mix"))} for r in steps],
+        "totals": {
+            "generate_calls": int(run.services.proxy.requests),
+            **{f"reward_{k}": int(v) for k, v in run.telemetry.reward_totals.items()},
+        },
+        "steps": [
+            {
+                "step": int(r["step"]),
+                "t": _r(r.get("elapsed_s", 0.0), 2),
+                "busy": {p: _r(v) for p, v in (r.get("pool_busy") or {}).items()},
+                "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},
+                "mix": _mix_gap(r.get("mix")),
+            }
+            for r in steps
+        ],
         # weight syncs of set-up (warm start, restore) have t < 0: they happened before the run's clock
-        "syncs": [{"t": _r(s["at"] - run.t_start, 2), "from": s["from"], "version": s["version"],
-                   **{k: _r(s.get(k, 0.0)) for k in ("suspend_s", "update_s", "recompute_kv_s")}} for s in run.syncs[-TAIL:]],
-        "evals": [{"version": int(e["version"]), "t": _r(e.get("elapsed_s", 0.0), 2),
-                   # an incomplete evaluation is no score: its failed calls instead (control/evaluation.py)
-                   "success": {task: _r(r["success"]) for task, r in (e.get("eval") or {}).items() if is_complete(r)},
-                   "failed": {task: int(r["failed_calls"]) for task, r in (e.get("eval") or {}).items() if not is_complete(r)}}
-                  for e in run.history[-TAIL:]],
+        "syncs": [
+            {
+                "t": _r(s["at"] - run.t_start, 2),
+                "from": s["from"],
+                "version": s["version"],
+                **{k: _r(s.get(k, 0.0)) for k in ("suspend_s", "update_s", "recompute_kv_s")},
+            }
+            for s in run.syncs[-TAIL:]
+        ],
+        "evals": [
+            {
+                "version": int(e["version"]),
+                "t": _r(e.get("elapsed_s", 0.0), 2),
+                # an incomplete evaluation is no score: its failed calls instead (control/evaluation.py)
+                "success": {task: _r(r["success"]) for task, r in (e.get("eval") or {}).items() if is_complete(r)},
+                "failed": {task: int(r["failed_calls"]) for task, r in (e.get("eval") or {}).items() if not is_complete(r)},
+            }
+            for e in run.history[-TAIL:]
+        ],
     }

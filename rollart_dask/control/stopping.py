@@ -1,11 +1,13 @@
-"""How a run (control/run.py, passed in) ends before its last step, never by hanging: the wall-clock deadline (trainer.max_minutes, honoured even
+"""How a run (control/run.py, passed in) ends: the summary of a run that reached its end, and how it ends before its last step, never by hanging: the wall-clock deadline (trainer.max_minutes, honoured even
 when no step completes), a background task of the run that dies (it stops the run, named), and what a run that
 stopped on an error still writes (its summary; after a user fault, the trainer's weights too)."""
+
 from __future__ import annotations
 
 import asyncio
 import time
 from rollart_dask.control.breaker import UserFault
+from rollart_dask.control.telemetry import pd_metrics
 from rollart_dask.observe import console
 
 
@@ -31,6 +33,25 @@ def _ended(run, name: str, task: asyncio.Task) -> None:
         run.fail(RuntimeError(f"the run's {name} task died: {type(e).__name__}: {e}"))
 
 
+def ended(run) -> dict:
+    """The summary of a run that reached its end: first and last held-out evaluations, its final checkpoint, the counts."""
+    s = run.services
+    return {
+        "first": run.history[0],
+        "last": run.history[-1],
+        "checkpoint": run.final_checkpoint,
+        "elapsed_s": time.monotonic() - run.t_start,
+        "counts": {**run.buffer.counts, **run.counts, **s.em.counts, **s.weights.counts},
+        "steps": run.published - run.launcher.base_version,
+        "weights": s.weights.summary(),
+        "rollout_tokens": run.telemetry.tokens(),
+        "generate_pools": s.proxy.landed_by_task(),
+        "accounting": run.accounting(),
+        **({"pd": pd_metrics(run.telemetry.engine_stats)} if run.cfg.rollout.pd else {}),  # totals at the last step
+        **({"placement": run.placement.summary()} if run.placement else {}),
+    }
+
+
 async def stopped_with(run, error: Exception) -> dict:
     """The summary of a run that stopped on ``error``. A user fault leaves the trainer sound: its weights are saved
     (checked finite on the way); otherwise the last good checkpoint stands."""
@@ -44,8 +65,13 @@ async def stopped_with(run, error: Exception) -> dict:
             checkpoint = await asyncio.wait_for(run.checkpoint(), 120) or checkpoint
         except Exception as e:
             console.print(f"no checkpoint at the stop ({type(e).__name__}: {e}); the last good one: {checkpoint}", markup=False)
-    return {"error": str(error), "stopped_by": type(error).__name__, "checkpoint": checkpoint,
-            "steps": run.published - (run.launcher.base_version if run.launcher else 0),
-            "elapsed_s": time.monotonic() - run.t_start, "first": run.history[0] if run.history else None,
-            "last": run.history[-1] if run.history else None,
-            "counts": {**run.buffer.counts, **run.counts, **(run.services.em.counts if run.services else {})}}
+    return {
+        "error": str(error),
+        "stopped_by": type(error).__name__,
+        "checkpoint": checkpoint,
+        "steps": run.published - (run.launcher.base_version if run.launcher else 0),
+        "elapsed_s": time.monotonic() - run.t_start,
+        "first": run.history[0] if run.history else None,
+        "last": run.history[-1] if run.history else None,
+        "counts": {**run.buffer.counts, **run.counts, **(run.services.em.counts if run.services else {})},
+    }

@@ -3,6 +3,7 @@ that leave or join, the dashboard feed, and the rollout figures of each step (po
 tokens/s, reward service, stage latencies). None of it decides anything the protocol does, except
 that the monitor reports a lost trainer or engine, which ends the run (``Run.fatal``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,18 @@ from rollart_dask.data import plugins, tasks
 from rollart_dask.observe import console
 from rollart_dask.resource.pools import PoolMap
 
-PD_STATS = ("pd_prefill_requests", "pd_prefill_s", "pd_kv_bytes_out", "pd_decode_requests", "pd_decode_s", "pd_kv_bytes_in",
-            "pd_reprefilled", "pd_emulated_prefill_s", "pd_emulated_kv_transfer_s", "pd_emulated_decode_s")
+PD_STATS = (
+    "pd_prefill_requests",
+    "pd_prefill_s",
+    "pd_kv_bytes_out",
+    "pd_decode_requests",
+    "pd_decode_s",
+    "pd_kv_bytes_in",
+    "pd_reprefilled",
+    "pd_emulated_prefill_s",
+    "pd_emulated_kv_transfer_s",
+    "pd_emulated_decode_s",
+)
 
 
 def pd_metrics(engine_stats: dict[str, dict]) -> dict:
@@ -28,12 +39,21 @@ def pd_metrics(engine_stats: dict[str, dict]) -> dict:
     for st in engine_stats.values():
         for k in PD_STATS:
             tot[k] += st.get(k, 0)
-    out = {"kv_bytes_shipped": tot["pd_kv_bytes_in"], "prefill_requests": tot["pd_prefill_requests"], "prefill_s": round(tot["pd_prefill_s"], 4),
-           "decode_requests": tot["pd_decode_requests"], "decode_s": round(tot["pd_decode_s"], 4), "reprefilled": tot["pd_reprefilled"],
-           "kv_bytes_per_request": tot["pd_kv_bytes_in"] / max(tot["pd_decode_requests"], 1)}
+    out = {
+        "kv_bytes_shipped": tot["pd_kv_bytes_in"],
+        "prefill_requests": tot["pd_prefill_requests"],
+        "prefill_s": round(tot["pd_prefill_s"], 4),
+        "decode_requests": tot["pd_decode_requests"],
+        "decode_s": round(tot["pd_decode_s"], 4),
+        "reprefilled": tot["pd_reprefilled"],
+        "kv_bytes_per_request": tot["pd_kv_bytes_in"] / max(tot["pd_decode_requests"], 1),
+    }
     if any(st.get("engine") == "emulated" for st in engine_stats.values()):  # EMULATED: modelled hardware seconds
-        out["emulated"] = {"prefill_s": round(tot["pd_emulated_prefill_s"], 4), "kv_transfer_s": round(tot["pd_emulated_kv_transfer_s"], 4),
-                           "decode_s": round(tot["pd_emulated_decode_s"], 4)}
+        out["emulated"] = {
+            "prefill_s": round(tot["pd_emulated_prefill_s"], 4),
+            "kv_transfer_s": round(tot["pd_emulated_kv_transfer_s"], 4),
+            "decode_s": round(tot["pd_emulated_decode_s"], 4),
+        }
     return out
 
 
@@ -64,9 +84,11 @@ class Telemetry:
                 continue
             s = run.services
             where = Counter(s.poolmap.name(a) for a in s.em.where.values())
-            msg = (f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(run.in_flight())}, envs by worker {dict(where)}, "
-                   f"suspended={s.proxy.suspended}, engines v{s.proxy.version}, policy v{run.published}, "
-                   f"buffer ready {run.buffer.ready()}/{run.cfg.rollout.batch_groups}, open calls {s.d.open_calls()}")
+            msg = (
+                f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(run.in_flight())}, envs by worker {dict(where)}, "
+                f"suspended={s.proxy.suspended}, engines v{s.proxy.version}, policy v{run.published}, "
+                f"buffer ready {run.buffer.ready()}/{run.cfg.rollout.batch_groups}, open calls {s.d.open_calls()}"
+            )
             console.print(f"[red]{msg}[/red]")
             with (run.out / "watchdog.txt").open("a") as f:
                 f.write(msg + "\n")
@@ -143,10 +165,21 @@ class Telemetry:
         self.reward_totals.update({k: row["reward"].get(k, 0) for k in REWARD_TOTALS})
         if run.cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
             row["pd"] = pd_metrics(self.engine_stats)
-        row.update(pool_busy=busy, tokens_per_s=tokens / max(dt, 1e-9), elapsed_s=now - run.t_start, buffer=dict(run.buffer.counts),
-                   futures=s.d.futures, calls=s.d.calls, reissued=s.proxy.reissued, mix=run.buffer.mix_at_take, stage_latency=s.d.drain_stats(),
-                   trajectory_s=run.launcher.drain_trajectory_s(), service_s=dict(self.service_s), rollout_tokens=self.tokens(),
-                   generate_pools=s.proxy.landed_by_task())
+        row.update(
+            pool_busy=busy,
+            tokens_per_s=tokens / max(dt, 1e-9),
+            elapsed_s=now - run.t_start,
+            buffer=dict(run.buffer.counts),
+            futures=s.d.futures,
+            calls=s.d.calls,
+            reissued=s.proxy.reissued,
+            mix=run.buffer.mix_at_take,
+            stage_latency=s.d.drain_stats(),
+            trajectory_s=run.launcher.drain_trajectory_s(),
+            service_s=dict(self.service_s),
+            rollout_tokens=self.tokens(),
+            generate_pools=s.proxy.landed_by_task(),
+        )
         self._t_prev = now
         return row
 
@@ -156,8 +189,13 @@ class Telemetry:
         evicted, redundant and failed trajectories, and what is still in flight) as a share of those generated."""
         t = self.run.services.proxy.tokens
         gen = t["generated"]
-        return {"generated": gen, "trained": self.tokens_trained, "discarded": t["discarded"], "continued": t["continued"],
-                "wasted_share": round(1 - self.tokens_trained / gen, 4) if gen else None}
+        return {
+            "generated": gen,
+            "trained": self.tokens_trained,
+            "discarded": t["discarded"],
+            "continued": t["continued"],
+            "wasted_share": round(1 - self.tokens_trained / gen, 4) if gen else None,
+        }
 
     async def _pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
         """Busy fraction per pool since the last call: service busy seconds / (wall × services in the pool)."""

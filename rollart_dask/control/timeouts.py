@@ -10,6 +10,7 @@ later (it answers them all together) extend it. The throughput is measured from 
 second while the engine had work): it includes the dispatch around the engine and follows a slower engine (a
 loaded machine, longer prompts) within a window. No Dask here; testable with a clock.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,9 +63,11 @@ class GenerateTimeouts:
                 quiet_since = max(started, self.answered_at.get(engine, started))
                 left = quiet_since + self.budget(engine, 0) - self.clock()
                 if left <= 0:
-                    raise TimeoutError(f"generate on {engine}: the engine answered no call within its budget (rollout.generate_timeout_s="
-                                       f"auto)\n{self.clock() - quiet_since:.0f} s without an answer, {self.owed[engine]} tokens owed, "
-                                       f"{self.rate(engine) or 0:.1f} tokens/s measured")
+                    raise TimeoutError(
+                        f"generate on {engine}: the engine answered no call within its budget (rollout.generate_timeout_s="
+                        f"auto)\n{self.clock() - quiet_since:.0f} s without an answer, {self.owed[engine]} tokens owed, "
+                        f"{self.rate(engine) or 0:.1f} tokens/s measured"
+                    )
                 done, _ = await asyncio.wait({call}, timeout=left)
                 if done:
                     return call.result()

@@ -3,6 +3,7 @@ services go onto their workers (plugins), and the control plane's proxy and env 
 around them. Also the two ways a run can start from weights other than the model's own: a restored
 checkpoint and an imitation warm start (both publish a version the run then installs).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,16 @@ class Services:
     preflight: dict | None = None  # each task's pre-flight episode: its turns and reward (control/preflight.py)
 
 
-async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path | None, d: Dispatcher, start_endpoint: Callable | None = None,
-               on_weights: Callable[[WeightStore], None] | None = None, until_preflight: bool = False) -> Services:
+async def wire(
+    cfg: FlowConfig,
+    client,
+    out: Path,
+    model_dir: Path | None,
+    d: Dispatcher,
+    start_endpoint: Callable | None = None,
+    on_weights: Callable[[WeightStore], None] | None = None,
+    until_preflight: bool = False,
+) -> Services:
     """Check the cluster and start every service; ``on_weights`` sees the weight store as soon as it
     exists, so a failure later in set-up can still close it (a local mooncake_master). ``until_preflight``: stop after
     the pre-flight (control/preflight.py), before any model loads (`rollart check`)."""
@@ -55,8 +64,10 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path | None, d: Di
     if cfg.rollout.pd:  # engine.backend auto resolves only now: vllm cannot disaggregate here
         check_pd_backend(backend)
     if await keep_replicas(client):
-        console.print("stopped the scheduler's Active Memory Manager: it drops the trainer's copy of published weights, "
-                      "leaving them on an engine that may leave")
+        console.print(
+            "stopped the scheduler's Active Memory Manager: it drops the trainer's copy of published weights, "
+            "leaving them on an engine that may leave"
+        )
     poolmap = PoolMap.from_scheduler_info(await client.scheduler.identity())
     poolmap.validate(needed_pools(cfg))
     trainer = poolmap.members("TRAIN")[0]
@@ -74,12 +85,26 @@ async def wire(cfg: FlowConfig, client, out: Path, model_dir: Path | None, d: Di
     await client.register_plugin(plugins.RewardPlugin([rewards.pool], **reward_spec), name=plugins.REWARD)
     # the emulated and null engines batch continuously across calls: each request is answered alone (a real engine runs
     # one batch per call)
-    proxy = LLMProxy(d, engines, timeout_s=cfg.rollout.generate_timeout_s, streamed=cfg.emulated,
-                     pd=cfg.rollout.pd_route,  # (auto: off until the placement decides)
-                     partial=cfg.rollout.partial, wait_s=cfg.rollout.worker_wait_s)
-    em = EnvManager(d, proxy, poolmap.members("CPU"), cfg.rollout, cfg.engine,
-                    reward_pool=rewards.pool, reward_functions=rewards.functions, stateful_rewards=rewards.kept_local,
-                    reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}})
+    proxy = LLMProxy(
+        d,
+        engines,
+        timeout_s=cfg.rollout.generate_timeout_s,
+        streamed=cfg.emulated,
+        pd=cfg.rollout.pd_route,  # (auto: off until the placement decides)
+        partial=cfg.rollout.partial,
+        wait_s=cfg.rollout.worker_wait_s,
+    )
+    em = EnvManager(
+        d,
+        proxy,
+        poolmap.members("CPU"),
+        cfg.rollout,
+        cfg.engine,
+        reward_pool=rewards.pool,
+        reward_functions=rewards.functions,
+        stateful_rewards=rewards.kept_local,
+        reward_workers={p: poolmap.members(p) for p in {rewards.pool, "REWARD"}},
+    )
     layout = {p: [poolmap.name(a) for a in addrs] for p, addrs in engines.items()}
     services = Services(client, d, poolmap, trainer, weights, rewards, proxy, em, backend, layout)
     if cfg.rollout.preflight and not cfg.emulated:  # the user's envs and rewards, before the models load and anything generates
@@ -98,8 +123,10 @@ async def restore(s: Services, out: Path, checkpoint: Path | None = None) -> tup
         raise FileNotFoundError(f"--resume: no checkpoint under {latest.parent}")
     path = str(Path(checkpoint).resolve()) if checkpoint is not None else latest.read_text().strip()
     if not path or not Path(path).is_dir():  # (an empty pointer would restore from the current directory)
-        raise FileNotFoundError(f"--resume: {latest if checkpoint is None else 'the checkpoint'} names {path!r}, which is not a "
-                                "checkpoint directory (rewrite it with the path of one of the run's checkpoints/step-N)")
+        raise FileNotFoundError(
+            f"--resume: {latest if checkpoint is None else 'the checkpoint'} names {path!r}, which is not a "
+            "checkpoint directory (rewrite it with the path of one of the run's checkpoints/step-N)"
+        )
     fut = s.d.submit_one("restore", tasks.trainer_restore, path, pool="TRAIN", worker=s.trainer)
     version = await fut
     s.weights.publish(version, s.proxy.pool_of, after=fut, setup=True)
@@ -120,8 +147,15 @@ async def warm_start(s: Services, cfg: FlowConfig, metrics: MetricsWriter, recor
     futs = []
     for i, name in enumerate(names):
         t = tasks_by_name[name]
-        item = {"task": name, "env": t.env, "env_args": t.env_args, "max_turns": t.max_turns, "max_tokens": t.max_tokens,
-                "prompt": t.prompt.model_dump(), "seeds": [rng.randrange(0, cfg.eval.start_seed) for _ in range(ws.episodes)]}
+        item = {
+            "task": name,
+            "env": t.env,
+            "env_args": t.env_args,
+            "max_turns": t.max_turns,
+            "max_tokens": t.max_tokens,
+            "prompt": t.prompt.model_dump(),
+            "seeds": [rng.randrange(0, cfg.eval.start_seed) for _ in range(ws.episodes)],
+        }
         futs.append(s.d.submit_one("warmstart-demos", tasks.env_expert_demos, item, pool="CPU", worker=cpu[i % len(cpu)]))
     demos = [d for batch in await asyncio.gather(*futs) for d in batch]
     args = (demos, ws.steps, ws.batch, ws.lr, cfg.seed, ws.tasks)
@@ -132,9 +166,18 @@ async def warm_start(s: Services, cfg: FlowConfig, metrics: MetricsWriter, recor
         record(version, "warmstart", tasks.trainer_warm_start, *args)
     s.weights.publish(version, s.proxy.pool_of, after=fut, setup=True)
     per_task = Counter(d["task"] for d in demos)
-    row = {"kind": "warmstart", "step": version, "version": version, "turns_per_task": dict(per_task), "elapsed_s": time.monotonic() - t0, **m}
+    row = {
+        "kind": "warmstart",
+        "step": version,
+        "version": version,
+        "turns_per_task": dict(per_task),
+        "elapsed_s": time.monotonic() - t0,
+        **m,
+    }
     metrics.write(row)
-    console.print(f"warm start: {m['steps']} imitation steps on {m['samples']} expert turns ({dict(per_task)}; {m['skipped']} did not fit "
-                  f"the decoding) in {row['elapsed_s']:.0f}s, NLL {m['nll_first']:.3f} → {m['nll_last']:.3f}; "
-                  f"held-out scores below start from this policy")
+    console.print(
+        f"warm start: {m['steps']} imitation steps on {m['samples']} expert turns ({dict(per_task)}; {m['skipped']} did not fit "
+        f"the decoding) in {row['elapsed_s']:.0f}s, NLL {m['nll_first']:.3f} → {m['nll_last']:.3f}; "
+        f"held-out scores below start from this policy"
+    )
     return version

@@ -6,24 +6,31 @@ only in the workers that build them. Each class satisfies data/contracts.py (``E
 backends belong to a tool above the runtime (rollart_dask/tools/emulation): the data plane names them
 here as strings only and never imports that package.
 """
+
 from __future__ import annotations
 
 import os
 
 from rollart_dask.registries import Registry
 
-ENGINES = Registry("engine backend", {
-    "torch": "rollart_dask.data.engine_torch:TorchEngine",
-    "vllm": "rollart_dask.data.engine_vllm:VLLMEngine",
-    "emulated": "rollart_dask.tools.emulation.engine:EmulatedInstances",  # EMULATED hardware timing
-    "null": "rollart_dask.tools.emulation.null:NullEngine",  # NULL: answers at once (control-plane benchmark)
-})
+ENGINES = Registry(
+    "engine backend",
+    {
+        "torch": "rollart_dask.data.engine_torch:TorchEngine",
+        "vllm": "rollart_dask.data.engine_vllm:VLLMEngine",
+        "emulated": "rollart_dask.tools.emulation.engine:EmulatedInstances",  # EMULATED hardware timing
+        "null": "rollart_dask.tools.emulation.null:NullEngine",  # NULL: answers at once (control-plane benchmark)
+    },
+)
 
-TRAINERS = Registry("trainer backend", {
-    "torch": "rollart_dask.data.trainer_torch:TorchTrainer",
-    "megatron": "rollart_dask.data.trainer_megatron:MegatronTrainer",
-    "emulated": "rollart_dask.tools.emulation.trainer:EmulatedTrainer",  # EMULATED step time
-})
+TRAINERS = Registry(
+    "trainer backend",
+    {
+        "torch": "rollart_dask.data.trainer_torch:TorchTrainer",
+        "megatron": "rollart_dask.data.trainer_megatron:MegatronTrainer",
+        "emulated": "rollart_dask.tools.emulation.trainer:EmulatedTrainer",  # EMULATED step time
+    },
+)
 
 
 def set_torch_threads() -> None:

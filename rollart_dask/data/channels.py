@@ -16,6 +16,7 @@ Worker side: a streamed batch starts on the event loop (its fast items inline, t
 pool, see data/tasks.py); any other batch runs on the worker's thread pool. A batch frees its caller's
 slot with a ("free", first call id) marker: when it has started (streamed) or is done.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -219,8 +220,17 @@ class BatchesFeed(SchedulerPlugin):
         for key, span_ids, start, stop, thread in msg.get("batches", ()):
             key = tuple(key) if isinstance(key, list) else key  # (msgpack made the tuple a list)
             if stream is not None:
-                compat.file_in_task_stream(stream, {"key": key, "worker": worker, "thread": thread, "status": "OK", "nbytes": 0,
-                                       "startstops": ({"action": "compute", "start": start, "stop": stop},)})
+                compat.file_in_task_stream(
+                    stream,
+                    {
+                        "key": key,
+                        "worker": worker,
+                        "thread": thread,
+                        "status": "OK",
+                        "nbytes": 0,
+                        "startstops": ({"action": "compute", "start": start, "stop": stop},),
+                    },
+                )
             compat.charge_span(self.scheduler, span_ids, ("execute", key_split(key), ACTIVITY, "seconds"), stop - start)
 
 

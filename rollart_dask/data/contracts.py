@@ -5,6 +5,7 @@ Backends implement them without inheriting (``typing.Protocol``), and are built 
 section by ``from_config`` (``EngineBackend`` / ``TrainerBackend``; registered in data/backends.py).
 ``runtime_checkable`` only checks that names exist; ``conformance`` checks signatures too.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -62,8 +63,16 @@ class EngineBackend(Protocol):
     """An engine class as the registry holds it: built in the worker from the flow's sections."""
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None, lora: LoraConfig | None = None) -> Engine:
+    def from_config(
+        cls,
+        cfg: EngineConfig,
+        *,
+        model_dir: str,
+        seed: int = 0,
+        pool: str | None = None,
+        emulation: EmulationConfig | None = None,
+        lora: LoraConfig | None = None,
+    ) -> Engine:
         """``pool``: the engine pool of the worker it runs in; ``emulation``: the flow's emulation section; ``lora``: the
         trainer's adapter (trainer.lora), which ``update_weights`` then receives alone (passed only when set: the flow
         allows it with the real backends alone)."""
@@ -87,8 +96,9 @@ class Trainer(Protocol):
     def restore(self, path: str | Path) -> int:
         """Load a checkpoint; returns its version."""
 
-    def warm_start(self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0,
-                   shares: dict[str, float] | None = None) -> dict:
+    def warm_start(
+        self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0, shares: dict[str, float] | None = None
+    ) -> dict:
         """Imitation of expert demonstrations before RL; counts as one published version."""
 
 
@@ -96,8 +106,9 @@ class TrainerBackend(Protocol):
     """A trainer class as the registry holds it."""
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0,
-                    emulation: EmulationConfig | None = None) -> Trainer:
+    def from_config(
+        cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0, emulation: EmulationConfig | None = None
+    ) -> Trainer:
         """``temperature``: the engines' sampling temperature, which the log-probs are recomputed at."""
 
 
@@ -135,8 +146,8 @@ def _members(proto: type) -> dict[str, Any]:
 def _signature(where: str, want, have, bound: bool) -> list[str]:
     """Problems of ``have`` accepting every call ``want`` allows (names, kinds, defaults)."""
     P = inspect.Parameter
-    w = list(inspect.signature(want).parameters.values())[0 if bound else 1:]  # unbound methods: drop self
-    h = list(inspect.signature(have).parameters.values())[0 if bound else 1:]
+    w = list(inspect.signature(want).parameters.values())[0 if bound else 1 :]  # unbound methods: drop self
+    h = list(inspect.signature(have).parameters.values())[0 if bound else 1 :]
     positional = [q for q in h if q.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
     by_name = {q.name: q for q in h if q.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)}
     problems = []

@@ -2,6 +2,7 @@
 trie of allowed completions for constrained decoding, and demonstrations encoded exactly as
 the engine would have produced them (same prompt ids, same response ids, same allowed sets),
 so imitation and RL train one and the same policy distribution."""
+
 from __future__ import annotations
 
 from rollart_dask.models.prompts import as_chat
@@ -59,7 +60,9 @@ def chat_prompt_ids(tokenizer, prompt, add_generation_prompt: bool = True) -> li
     """A prompt as the model sees it through its own chat template, ending with the assistant's generation prompt
     (an instruct model answers after it; without it, it may write the assistant header itself): an observation (one
     user message), chat messages as dicts, or (role, content) pairs (models/prompts.py)."""
-    return list(tokenizer.apply_chat_template(as_chat(prompt), tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(as_chat(prompt), tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False)
+    )
 
 
 def choice_trie(tokenizer, choices) -> ChoiceTrie:

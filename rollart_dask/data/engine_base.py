@@ -1,5 +1,6 @@
 """What every engine backend shares: prompt encoding with the model's own tokenizer (cached),
 the cooperative abort set, and the counters the run reads for pool utilisation."""
+
 from __future__ import annotations
 
 import functools
@@ -73,8 +74,12 @@ class EngineBase:
 
     def stopped(self, req: dict, token_ids: list[int]) -> bool:
         """Whether the response so far holds one of the request's stop strings."""
-        return bool(req.get("stop")) and cut_at_stop(self.tokenizer.decode(list(req.get("prefix_ids") or []) + list(token_ids),
-                                                                         skip_special_tokens=True), req["stop"])[1]
+        return (
+            bool(req.get("stop"))
+            and cut_at_stop(
+                self.tokenizer.decode(list(req.get("prefix_ids") or []) + list(token_ids), skip_special_tokens=True), req["stop"]
+            )[1]
+        )
 
     @functools.lru_cache(maxsize=65536)
     def _template(self, prompt) -> tuple[int, ...]:

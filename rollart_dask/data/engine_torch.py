@@ -6,6 +6,7 @@ reason, policy version), ``abort(ids)``, ``update_weights(version, weights)``,
 (left-padded, one forward per token for the whole batch). Constrained decoding restricts
 each step to the token ids that continue one of the request's ``choices``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -46,8 +47,16 @@ class TorchEngine(EngineBase):
         self._shipped: collections.OrderedDict[str, None] = collections.OrderedDict()  # PD: ids prefilled here and handed on
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None, lora: LoraConfig | None = None) -> TorchEngine:
+    def from_config(
+        cls,
+        cfg: EngineConfig,
+        *,
+        model_dir: str,
+        seed: int = 0,
+        pool: str | None = None,
+        emulation: EmulationConfig | None = None,
+        lora: LoraConfig | None = None,
+    ) -> TorchEngine:
         set_torch_threads()
         return cls(model_dir, seed=seed, max_batch=cfg.max_batch, lora=lora)
 
@@ -124,9 +133,19 @@ class TorchEngine(EngineBase):
                     if any(getattr(layer, "is_sliding", False) for layer in b.cache.layers):
                         raise NotImplementedError("prefill/decode disaggregation of a model with sliding-window layers")
                     kv = [(layer.keys[u, :, -length:].clone(), layer.values[u, :, -length:].clone()) for layer in b.cache.layers]
-                handles.append(PrefillHandle(request=r, prompt_ids=b.prompts[i], token_ids=list(b.tokens[i]), logprobs=list(b.logps[i]),
-                                             allowed_ids=b.allowed_log[i], finish=b.finish[i], version=b.version, kv=kv,
-                                             positions=len(b.prompts[i])))
+                handles.append(
+                    PrefillHandle(
+                        request=r,
+                        prompt_ids=b.prompts[i],
+                        token_ids=list(b.tokens[i]),
+                        logprobs=list(b.logps[i]),
+                        allowed_ids=b.allowed_log[i],
+                        finish=b.finish[i],
+                        version=b.version,
+                        kv=kv,
+                        positions=len(b.prompts[i]),
+                    )
+                )
             for r in reqs:
                 self._aborted.discard(r["id"])
                 self._shipped[r["id"]] = None
@@ -165,8 +184,10 @@ class TorchEngine(EngineBase):
             is_old = [h.finish is None and h.version != self.version and h.request["id"] not in self._aborted for h in handles]
             old = [h for h, o in zip(handles, is_old) if o]
             if old and stale == "error":
-                raise StaleKVError(f"KV cache of request {old[0].request['id']} was prefilled at policy version {old[0].version}; "
-                                   f"this engine is at version {self.version} (decode it where it was prefilled, or re-prefill)")
+                raise StaleKVError(
+                    f"KV cache of request {old[0].request['id']} was prefilled at policy version {old[0].version}; "
+                    f"this engine is at version {self.version} (decode it where it was prefilled, or re-prefill)"
+                )
             fresh = [h for h, o in zip(handles, is_old) if not o]
             b = self._start([h.request for h in fresh], [h.prompt_ids for h in fresh])
             for i, h in enumerate(fresh):  # the first token came from the prefill engine
@@ -219,8 +240,12 @@ class TorchEngine(EngineBase):
 
     # -- the pieces -----------------------------------------------------------------------------
     def _start(self, reqs: list[dict], prompts: list[list[int]] | None = None) -> "_Batch":
-        return _Batch(reqs, prompts if prompts is not None else [self.encode(r) for r in reqs],
-                      [self._trie(tuple(r["choices"])) if r.get("choices") else None for r in reqs], self.version)
+        return _Batch(
+            reqs,
+            prompts if prompts is not None else [self.encode(r) for r in reqs],
+            [self._trie(tuple(r["choices"])) if r.get("choices") else None for r in reqs],
+            self.version,
+        )
 
     def _prefill(self, b: "_Batch") -> torch.Tensor:
         """One forward over the unique prompts (identical prompts — a GRPO group's first turn, revisited
@@ -273,8 +298,9 @@ class TorchEngine(EngineBase):
             b.rows = [b.rows[k] for k in keep]
             b.attn = torch.cat([b.attn[sel], torch.ones(len(b.rows), 1, dtype=b.attn.dtype)], dim=-1)
             b.pos = b.pos[sel] + 1
-            res = self.model(input_ids=b.next_tok[sel].unsqueeze(-1), attention_mask=b.attn, position_ids=b.pos, past_key_values=b.cache,
-                             use_cache=True)
+            res = self.model(
+                input_ids=b.next_tok[sel].unsqueeze(-1), attention_mask=b.attn, position_ids=b.pos, past_key_values=b.cache, use_cache=True
+            )
             self._sample(b, res.logits[:, -1, :].float())
 
     def _sample(self, b: "_Batch", logits: torch.Tensor) -> None:
@@ -313,9 +339,18 @@ class TorchEngine(EngineBase):
         done = []
         for i, r in enumerate(b.reqs):  # an aborted request returns what it generated: a continuation goes on from it
             ok = b.finish[i] != "abort"
-            done.append(Completion(
-                request_id=r["id"], prompt_ids=b.prompts[i], token_ids=b.tokens[i], logprobs=b.logps[i], allowed_ids=b.allowed_log[i],
-                text=self.response_text(r, b.tokens[i]) if ok else "", finish_reason=b.finish[i] or "length", version=b.version))
+            done.append(
+                Completion(
+                    request_id=r["id"],
+                    prompt_ids=b.prompts[i],
+                    token_ids=b.tokens[i],
+                    logprobs=b.logps[i],
+                    allowed_ids=b.allowed_log[i],
+                    text=self.response_text(r, b.tokens[i]) if ok else "",
+                    finish_reason=b.finish[i] or "length",
+                    version=b.version,
+                )
+            )
         self.stats["tokens"] += sum(len(c.token_ids) for c in done)
         self.stats["requests"] += len(b.reqs)
         if b.unique is not None:

@@ -27,6 +27,7 @@ With ``trainer.lora`` the base is never reloaded: the engine runs with vLLM's Lo
 (``enable_lora``), each update writes the pulled adapter as a peft directory and requests carry a
 new ``LoRARequest`` for it (the previous adapter is removed from the engine).
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,8 +65,16 @@ def vllm_device() -> tuple[str, bool]:
 
 
 class VLLMEngine(EngineBase):
-    def __init__(self, model_dir: str, seed: int = 0, max_batch: int = 1024, max_model_len: int = 512,
-                 gpu_memory_utilization: float = 0.85, sleep_level: int = 2, lora: LoraConfig | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        seed: int = 0,
+        max_batch: int = 1024,
+        max_model_len: int = 512,
+        gpu_memory_utilization: float = 0.85,
+        sleep_level: int = 2,
+        lora: LoraConfig | None = None,
+    ):
         # In-process engine core: works inside Dask's daemonic worker processes (PLATFORM.md).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -86,29 +95,61 @@ class VLLMEngine(EngineBase):
         if lora is not None:
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= lora.r))
         # float32 on every platform: the trainer recomputes these log-probs in float32
-        self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="float32", seed=seed, max_model_len=max_model_len,
-                       max_num_seqs=max_batch, enable_prefix_caching=True, logprobs_mode="processed_logprobs", **kw)
+        self.llm = LLM(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype="float32",
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_batch,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            **kw,
+        )
         self.max_batch = max_batch
         self._lock = threading.Lock()
         self._model_dir = str(model_dir)
         self._weights_dir = Path(tempfile.mkdtemp(prefix="rollart-vllm-weights-"))
-        self.stats.update(device=self.device,
-                          sleep_mode=f"level {self.sleep_level}" if self.sleep_level else
-                          ("off: not supported on " + self.device if not sleep_ok else "off (engine.sleep_level=0)"),
-                          updates=0, update_s=0.0, sleeps=0, sleeps_skipped=0, sleep_s=0.0)
+        self.stats.update(
+            device=self.device,
+            sleep_mode=f"level {self.sleep_level}"
+            if self.sleep_level
+            else ("off: not supported on " + self.device if not sleep_ok else "off (engine.sleep_level=0)"),
+            updates=0,
+            update_s=0.0,
+            sleeps=0,
+            sleeps_skipped=0,
+            sleep_s=0.0,
+        )
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None, lora: LoraConfig | None = None) -> VLLMEngine:
+    def from_config(
+        cls,
+        cfg: EngineConfig,
+        *,
+        model_dir: str,
+        seed: int = 0,
+        pool: str | None = None,
+        emulation: EmulationConfig | None = None,
+        lora: LoraConfig | None = None,
+    ) -> VLLMEngine:
         set_torch_threads()
-        return cls(model_dir, seed=seed, max_batch=cfg.max_batch, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                   sleep_level=cfg.sleep_level, lora=lora)
+        return cls(
+            model_dir,
+            seed=seed,
+            max_batch=cfg.max_batch,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            sleep_level=cfg.sleep_level,
+            lora=lora,
+        )
 
     @functools.lru_cache(maxsize=1024)
     def _choice_ids(self, choices: tuple[str, ...]) -> list[int]:
         ids = [self.tokenizer.encode(c, add_special_tokens=False) for c in choices]
         if any(len(i) != 1 for i in ids):
-            raise ValueError(f"engine.backend=vllm constrains decoding to single-token choices; {choices} are not (use engine.backend=torch)")
+            raise ValueError(
+                f"engine.backend=vllm constrains decoding to single-token choices; {choices} are not (use engine.backend=torch)"
+            )
         return [i[0] for i in ids]
 
     # -- sleep mode (GPU builds; skipped and counted where the platform has none) ------------------
@@ -197,9 +238,18 @@ class VLLMEngine(EngineBase):
                 allowed = self._choice_ids(tuple(r["choices"])) if r.get("choices") else None
                 max_tokens = 1 if allowed else int(r.get("max_tokens", 16))  # a choice is one token here
                 stop = None if allowed else (r.get("stop") or None)  # (stop strings need detokenizing: only when given)
-                params.append(SamplingParams(n=1, temperature=max(float(r.get("temperature", 1.0)), 0.0), max_tokens=max_tokens,
-                                             logprobs=0, allowed_token_ids=allowed, detokenize=stop is not None, stop=stop,
-                                             stop_token_ids=[self.tokenizer.eos_token_id]))
+                params.append(
+                    SamplingParams(
+                        n=1,
+                        temperature=max(float(r.get("temperature", 1.0)), 0.0),
+                        max_tokens=max_tokens,
+                        logprobs=0,
+                        allowed_token_ids=allowed,
+                        detokenize=stop is not None,
+                        stop=stop,
+                        stop_token_ids=[self.tokenizer.eos_token_id],
+                    )
+                )
             outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request) if live else []
             by_id = {r["id"]: (p, o) for r, p, o in zip(live, prompts, outs)}
             done = []
@@ -213,8 +263,18 @@ class VLLMEngine(EngineBase):
                 logps = [float(lp[t].logprob) for t, lp in zip(ids, c.logprobs or [])]
                 allowed = self._choice_ids(tuple(r["choices"])) if r.get("choices") else None
                 finish = "stop" if (allowed is not None or c.finish_reason == "stop") else "length"
-                done.append(Completion(r["id"], p["prompt_token_ids"], ids, logps, [allowed] * len(ids) if allowed else None,
-                                       self.response_text(r, ids), finish, version))
+                done.append(
+                    Completion(
+                        r["id"],
+                        p["prompt_token_ids"],
+                        ids,
+                        logps,
+                        [allowed] * len(ids) if allowed else None,
+                        self.response_text(r, ids),
+                        finish,
+                        version,
+                    )
+                )
             for r in requests:
                 self._aborted.discard(r["id"])
             self.stats["tokens"] += sum(len(c.token_ids) for c in done)

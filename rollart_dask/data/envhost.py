@@ -3,6 +3,7 @@
 env.step runs where its env lives: the control plane routes every call of a trajectory
 to the worker that reset it. An env is closed when its episode ends.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,16 @@ class EnvHost:
 
     def __init__(self, threads: int = 512):
         self.envs: dict[str, object] = {}
-        self.stats = {"resets": 0, "steps": 0, "busy_s": 0.0, "resets_s": 0.0, "steps_s": 0.0, "superseded": 0,
-                      "envs_made": 0, "envs_closed": 0}
+        self.stats = {
+            "resets": 0,
+            "steps": 0,
+            "busy_s": 0.0,
+            "resets_s": 0.0,
+            "steps_s": 0.0,
+            "superseded": 0,
+            "envs_made": 0,
+            "envs_closed": 0,
+        }
         self._live: set[int] = set()  # id() of every env made and not yet closed: each is closed exactly once
         self._resetting: dict[str, list] = {}  # trajectory → the envs its reset attempts in progress are making
         # Every slow call on its own thread: envs wait on containers, networks and sandboxes far more than
@@ -216,8 +225,9 @@ def expert_demos(item: dict) -> list[dict]:
                 action = env.expert_action()
                 if action is None:
                     break
-                demos.append({"task": item["task"], "prompt": chat.ask(obs), "action": action, "choices": choices,
-                              "max_tokens": item["max_tokens"]})
+                demos.append(
+                    {"task": item["task"], "prompt": chat.ask(obs), "action": action, "choices": choices, "max_tokens": item["max_tokens"]}
+                )
                 chat.answered(action)
                 obs, _, terminated, truncated, _ = env.step(action)
                 if terminated or truncated:
@@ -279,5 +289,7 @@ def _name(env) -> str:
 def _check_observation(env, call: str, obs) -> None:
     """An observation is the text the model reads next: anything else fails here, named, not in a chat template later."""
     if not isinstance(obs, str):
-        raise UserFunctionError(f"{_name(env)}.{call} returned an observation of type {type(obs).__name__} ({str(obs)[:60]!r}); "
-                                "an observation is a string (the text the model reads next)")
+        raise UserFunctionError(
+            f"{_name(env)}.{call} returned an observation of type {type(obs).__name__} ({str(obs)[:60]!r}); "
+            "an observation is a string (the text the model reads next)"
+        )

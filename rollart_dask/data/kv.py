@@ -16,6 +16,7 @@ Backends (capabilities.PD): torch real (``TorchEngine.prefill`` / ``decode_from_
 modelled (prefill on the prefill pool's GPU profile, KV transfer over an assumed link, decode on the
 decode pool's profile); vllm refused (see capabilities.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,6 +7,7 @@ adapter of the same shape, loads them in place. A directory written by ``save_ad
 (``PeftModel.from_pretrained``) and vLLM (``LoRARequest``) load; ``merge`` folds one into a full
 Hugging Face model.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,15 @@ def peft_config(lora: LoraConfig, base_dir: str | Path | None = None):
     require("peft", "llm", "trainer.lora")
     from peft import LoraConfig as PeftLoraConfig
 
-    return PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules), lora_dropout=lora.dropout,
-                          bias="none", task_type="CAUSAL_LM", base_model_name_or_path=str(base_dir) if base_dir else None)
+    return PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        lora_dropout=lora.dropout,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=str(base_dir) if base_dir else None,
+    )
 
 
 def wrap(model, lora: LoraConfig, base_dir: str | Path | None = None):
@@ -59,8 +67,10 @@ def load_adapter(model, weights: dict) -> None:
     expected = getattr(model, "rollart_adapter_names", None) or frozenset(_state_names(model))
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:
-        raise ValueError(f"adapter weights do not fit the engine's adapter (trainer.lora must be the same on both sides): "
-                         f"missing={missing[:3]} unexpected={unexpected[:3]}")
+        raise ValueError(
+            f"adapter weights do not fit the engine's adapter (trainer.lora must be the same on both sides): "
+            f"missing={missing[:3]} unexpected={unexpected[:3]}"
+        )
     set_peft_model_state_dict(model, weights)
 
 
@@ -98,8 +108,10 @@ def merge(adapter_dir: str | Path, out: str | Path, base_dir: str | Path | None 
 
     adapter_dir = Path(adapter_dir)
     if not is_adapter_dir(adapter_dir):
-        raise FileNotFoundError(f"{adapter_dir} holds no LoRA adapter ({ADAPTER_CONFIG} missing): a checkpoint of a run with "
-                                "trainer.lora, or an adapter directory")
+        raise FileNotFoundError(
+            f"{adapter_dir} holds no LoRA adapter ({ADAPTER_CONFIG} missing): a checkpoint of a run with "
+            "trainer.lora, or an adapter directory"
+        )
     base = base_dir or json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
     if not base or not (Path(base) / "config.json").is_file():
         raise FileNotFoundError(f"the adapter's base model {base!r} is not a Hugging Face model directory here: pass it with --base")

@@ -10,6 +10,7 @@ architectures, the name and layout conversion, and tensor/pipeline sharding. Pur
 * The vocabulary is padded to a multiple of tp (vocab-parallel embedding needs it); padding
   rows are zero and dropped on the way back, so HF → Megatron → HF is exact.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,9 @@ def _rope_theta(hf_config) -> float:
     rope_type = params.get("rope_type", "default")
     scaling = getattr(hf_config, "rope_scaling", None)
     if rope_type != "default" or (isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) != "default"):
-        raise ValueError(f"megatron backend: RoPE scaling {rope_type!r} of this {hf_config.model_type} model is not supported (plain RoPE only)")
+        raise ValueError(
+            f"megatron backend: RoPE scaling {rope_type!r} of this {hf_config.model_type} model is not supported (plain RoPE only)"
+        )
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     return float(theta if theta is not None else 10000.0)
 
@@ -32,12 +35,16 @@ def check_hf_config(hf_config, tp: int = 1, pp: int = 1) -> None:
     """Raise a ValueError naming what does not fit: the architecture, or tp/pp against its shape."""
     mt = getattr(hf_config, "model_type", None)
     if mt not in SUPPORTED:
-        raise ValueError(f"megatron backend: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
-                         "(Llama/SmolLM2 and Qwen2 families: RMSNorm, SwiGLU, RoPE, GQA)")
+        raise ValueError(
+            f"megatron backend: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
+            "(Llama/SmolLM2 and Qwen2 families: RMSNorm, SwiGLU, RoPE, GQA)"
+        )
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"megatron backend: hidden_act {hf_config.hidden_act!r} is not supported (SwiGLU with silu only)")
     if mt == "llama" and (getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False)):
-        raise ValueError("megatron backend: Llama with attention_bias/mlp_bias is not supported (o_proj/MLP biases have no Megatron slot here)")
+        raise ValueError(
+            "megatron backend: Llama with attention_bias/mlp_bias is not supported (o_proj/MLP biases have no Megatron slot here)"
+        )
     if mt == "qwen2" and getattr(hf_config, "use_sliding_window", False):
         raise ValueError("megatron backend: Qwen2 with use_sliding_window=true is not supported")
     _rope_theta(hf_config)
@@ -93,9 +100,13 @@ def hf_to_megatron(state_dict: dict, hf_config, tp: int = 1) -> dict:
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         a = h + "self_attn."
         out[m + "input_layernorm.weight"] = sd[h + "input_layernorm.weight"]
-        out[m + "self_attention.linear_qkv.weight"] = _fuse_qkv(sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"], groups)
+        out[m + "self_attention.linear_qkv.weight"] = _fuse_qkv(
+            sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"], groups
+        )
         if a + "q_proj.bias" in sd:
-            out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"], groups)
+            out[m + "self_attention.linear_qkv.bias"] = _fuse_qkv(
+                sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"], groups
+            )
         out[m + "self_attention.linear_proj.weight"] = sd[a + "o_proj.weight"]
         out[m + "pre_mlp_layernorm.weight"] = sd[h + "post_attention_layernorm.weight"]
         out[m + "mlp.linear_fc1.weight"] = torch.cat([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]])
@@ -116,9 +127,13 @@ def megatron_to_hf(state_dict: dict, hf_config) -> dict:
     for i in range(hf_config.num_hidden_layers):
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
         a = h + "self_attn."
-        out[a + "q_proj.weight"], out[a + "k_proj.weight"], out[a + "v_proj.weight"] = _split_qkv(sd[m + "self_attention.linear_qkv.weight"], hf_config)
+        out[a + "q_proj.weight"], out[a + "k_proj.weight"], out[a + "v_proj.weight"] = _split_qkv(
+            sd[m + "self_attention.linear_qkv.weight"], hf_config
+        )
         if m + "self_attention.linear_qkv.bias" in sd:
-            out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = _split_qkv(sd[m + "self_attention.linear_qkv.bias"], hf_config)
+            out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = _split_qkv(
+                sd[m + "self_attention.linear_qkv.bias"], hf_config
+            )
         out[a + "o_proj.weight"] = sd[m + "self_attention.linear_proj.weight"]
         out[h + "mlp.gate_proj.weight"], out[h + "mlp.up_proj.weight"] = torch.split(sd[m + "mlp.linear_fc1.weight"], [ffn, ffn])
         out[h + "mlp.down_proj.weight"] = sd[m + "mlp.linear_fc2.weight"]

@@ -3,6 +3,7 @@
 A plugin is registered on every worker and builds its service only where the worker's pool
 tags say it belongs, so a restarted (or newly joined) worker gets its service back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -84,8 +85,18 @@ class EnginePlugin(ServicePlugin):
     kind = "engine"
     name = ENGINE
 
-    def __init__(self, pools: list[str], exclude: list[str] | None = None, *, backend: str, engine: EngineConfig, model_dir: str,
-                 seed: int = 0, emulation: EmulationConfig | None = None, lora: LoraConfig | None = None):
+    def __init__(
+        self,
+        pools: list[str],
+        exclude: list[str] | None = None,
+        *,
+        backend: str,
+        engine: EngineConfig,
+        model_dir: str,
+        seed: int = 0,
+        emulation: EmulationConfig | None = None,
+        lora: LoraConfig | None = None,
+    ):
         super().__init__(pools, exclude)
         self.backend = ENGINES.check(backend)  # an unknown name fails in the client, not in every worker
         self.engine, self.model_dir, self.seed, self.emulation, self.lora = engine, model_dir, seed, emulation, lora
@@ -96,8 +107,14 @@ class EnginePlugin(ServicePlugin):
         await super().setup(worker)
 
     def build(self):
-        return ENGINES.get(self.backend).from_config(self.engine, model_dir=self.model_dir, seed=self.seed, pool=self.pool,
-                                                     emulation=self.emulation, **({"lora": self.lora} if self.lora else {}))
+        return ENGINES.get(self.backend).from_config(
+            self.engine,
+            model_dir=self.model_dir,
+            seed=self.seed,
+            pool=self.pool,
+            emulation=self.emulation,
+            **({"lora": self.lora} if self.lora else {}),
+        )
 
 
 class EnvHostPlugin(ServicePlugin):
@@ -142,25 +159,48 @@ class TrainerPlugin(ServicePlugin):
     kind = "trainer"
     name = TRAINER
 
-    def __init__(self, pools: list[str], *, trainer: TrainerConfig, model_dir: str, seed: int = 0, temperature: float = 1.0,
-                 emulation: EmulationConfig | None = None):
+    def __init__(
+        self,
+        pools: list[str],
+        *,
+        trainer: TrainerConfig,
+        model_dir: str,
+        seed: int = 0,
+        temperature: float = 1.0,
+        emulation: EmulationConfig | None = None,
+    ):
         super().__init__(pools)
         TRAINERS.check(trainer.backend)
         self.trainer, self.model_dir, self.seed, self.temperature, self.emulation = trainer, model_dir, seed, temperature, emulation
 
     def build(self):
-        return TRAINERS.get(self.trainer.backend).from_config(self.trainer, model_dir=self.model_dir, seed=self.seed,
-                                                              temperature=self.temperature, emulation=self.emulation)
+        return TRAINERS.get(self.trainer.backend).from_config(
+            self.trainer, model_dir=self.model_dir, seed=self.seed, temperature=self.temperature, emulation=self.emulation
+        )
 
 
 # -- what Run's set-up registers ---------------------------------------------------------------------
 def engine_plugin(cfg: FlowConfig, pools: list[str], model_dir: str, backend: str) -> EnginePlugin:
     """The engines of the flow on ``pools`` (never on the trainer's worker); ``backend``: engine.backend resolved (auto → torch/vllm)."""
-    return EnginePlugin(pools, exclude=["TRAIN"], backend=backend, engine=cfg.engine, model_dir=model_dir, seed=cfg.seed,
-                        emulation=cfg.emulation if cfg.emulated else None, lora=cfg.trainer.lora)
+    return EnginePlugin(
+        pools,
+        exclude=["TRAIN"],
+        backend=backend,
+        engine=cfg.engine,
+        model_dir=model_dir,
+        seed=cfg.seed,
+        emulation=cfg.emulation if cfg.emulated else None,
+        lora=cfg.trainer.lora,
+    )
 
 
 def trainer_plugin(cfg: FlowConfig, model_dir: str) -> TrainerPlugin:
     """The flow's trainer; it recomputes log-probs at the engines' sampling temperature."""
-    return TrainerPlugin(["TRAIN"], trainer=cfg.trainer, model_dir=model_dir, seed=cfg.seed, temperature=cfg.engine.temperature,
-                         emulation=cfg.emulation if cfg.emulated else None)
+    return TrainerPlugin(
+        ["TRAIN"],
+        trainer=cfg.trainer,
+        model_dir=model_dir,
+        seed=cfg.seed,
+        temperature=cfg.engine.temperature,
+        emulation=cfg.emulation if cfg.emulated else None,
+    )

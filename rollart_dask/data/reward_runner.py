@@ -14,6 +14,7 @@ to the REWARD pool whatever the mode, as it does a reward declared ``stateless=F
 
 A reward that cannot be obtained raises: it is never replaced by a default value.
 """
+
 from __future__ import annotations
 
 import threading
@@ -45,9 +46,23 @@ class RewardRunner:
 
     stats: dict  # the RewardRunner contract's counters (data/contracts.py)
 
-    def __init__(self, mode: str = "local", endpoint_url: str | None = None, region: str = "us-east-1", token: str | None = None,
-                 retries: int = 6, timeout_s: float = 60.0, threads: int = 16, stateful=(), judge_model: str | None = "smollm2",
-                 judge_max_batch: int = 32, seed: int = 0, local: bool | None = None, caller: bool | None = None, pinned=()):
+    def __init__(
+        self,
+        mode: str = "local",
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        token: str | None = None,
+        retries: int = 6,
+        timeout_s: float = 60.0,
+        threads: int = 16,
+        stateful=(),
+        judge_model: str | None = "smollm2",
+        judge_max_batch: int = 32,
+        seed: int = 0,
+        local: bool | None = None,
+        caller: bool | None = None,
+        pinned=(),
+    ):
         self.mode, self.retries, self.timeout_s = mode, retries, timeout_s
         self.local = (mode == "local") if local is None else bool(local)
         self.caller = (mode == "serverless") if caller is None else bool(caller)
@@ -58,9 +73,21 @@ class RewardRunner:
         self._judge = None
         self._judge_lock = threading.Lock()
         self._kind: dict[str, bool] = {}
-        self.stats = {"calls": 0, "busy_s": 0.0, "cold_starts": 0, "throttles": 0, "retries": 0, "billed_ms": 0.0, "errors": 0,
-                      "local_calls": 0, "judge_calls": 0, "judge_batches": 0, "judge_s": 0.0, "judge_errors": 0,
-                      "n_local": int(self.local)}  # n_*: gauges, not counters
+        self.stats = {
+            "calls": 0,
+            "busy_s": 0.0,
+            "cold_starts": 0,
+            "throttles": 0,
+            "retries": 0,
+            "billed_ms": 0.0,
+            "errors": 0,
+            "local_calls": 0,
+            "judge_calls": 0,
+            "judge_batches": 0,
+            "judge_s": 0.0,
+            "judge_errors": 0,
+            "n_local": int(self.local),
+        }  # n_*: gauges, not counters
         self.client = None
         if self.caller:
             from rollart_dask.data.serverless import make_lambda_client
@@ -142,8 +169,13 @@ class RewardRunner:
 
     def _judge_request(self, engine, req: dict) -> dict:
         ids = chat_prompt_ids(engine.tokenizer, req.get("messages") or req["prompt"], add_generation_prompt=True)
-        return {"id": f"judge-{uuid.uuid4().hex[:12]}", "prompt_ids": ids, "choices": req.get("choices"),
-                "max_tokens": int(req.get("max_tokens", 16)), "temperature": float(req.get("temperature", 0.0))}
+        return {
+            "id": f"judge-{uuid.uuid4().hex[:12]}",
+            "prompt_ids": ids,
+            "choices": req.get("choices"),
+            "max_tokens": int(req.get("max_tokens", 16)),
+            "temperature": float(req.get("temperature", 0.0)),
+        }
 
     def score_stateful(self, items: list[dict]) -> list[tuple]:
         """Score stateful-reward items: one batched generation per reward; per item ("ok", score) or ("err", message)."""

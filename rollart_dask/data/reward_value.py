@@ -2,6 +2,7 @@
 JSON-able fields). Anything else is the user's function failing, never a value to train on: a NaN score would
 make every advantage of its group NaN and, past the gradient clip, the weights. The same check runs wherever a
 reward is scored (in-process, the judge, a Lambda invocation's response)."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,11 @@ def reward_value(name: str, out) -> dict:
     """``out`` as a result dict whose ``score`` is a finite float, or RewardValueError."""
     score = out.get("score") if isinstance(out, dict) else out
     if isinstance(score, bool) or not isinstance(score, (int, float)):
-        what = f"a dict without 'score' (keys {sorted(out)[:8]})" if isinstance(out, dict) and "score" not in out else \
-            f"score {_short(score)} ({type(score).__name__})"
+        what = (
+            f"a dict without 'score' (keys {sorted(out)[:8]})"
+            if isinstance(out, dict) and "score" not in out
+            else f"score {_short(score)} ({type(score).__name__})"
+        )
         raise RewardValueError(f"reward {name!r} returned {what}; a reward returns {ALLOWED}")
     if not math.isfinite(score):
         raise RewardValueError(f"reward {name!r} returned score {score}; a reward returns {ALLOWED}")

@@ -6,6 +6,7 @@ item never fails its neighbours. Pinned calls arrive over the caller's channel (
 take it as ``reply``: they answer on it instead of in a result (a Dask task of the prefill/decode route
 names it by its topic); streamed ones start their items and answer each as soon as it is done.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -174,8 +175,9 @@ def _start(fn, items: list[dict], reply, executor, speed_of) -> int:
 
 def env_reset_stream(items: list[dict], reply) -> int:
     host = service(ENVHOST)
-    return _start(host.reset, items, reply, host.pool,
-                  lambda item: _NEVER_INLINE if item.get("inject") else speed(ENVHOST, "reset", item["env"]))
+    return _start(
+        host.reset, items, reply, host.pool, lambda item: _NEVER_INLINE if item.get("inject") else speed(ENVHOST, "reset", item["env"])
+    )
 
 
 def env_step_stream(items: list[dict], reply) -> int:

@@ -13,6 +13,7 @@ Where it runs: megatron-core is a GPU library. On a CPU-only torch, forward and 
 inside ``cpu_redirect()`` (its hard ``torch.cuda`` calls go to the CPU) with torch AdamW as the
 optimizer; on a GPU, Megatron's DDP wrapper and ``get_megatron_optimizer`` do the update.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,10 @@ def megatron_config_from_hf(hf_config, tp: int = 1, pp: int = 1, params_dtype=to
         warnings.simplefilter("ignore", UserWarning)
         cfg = _transformer_config(TransformerConfig, hf_config, tp, pp, params_dtype, on_cpu)
     gpt_kwargs = dict(
-        vocab_size=padded_vocab(hf_config, tp), max_sequence_length=hf_config.max_position_embeddings,
-        position_embedding_type="rope", rotary_base=_rope_theta(hf_config),
+        vocab_size=padded_vocab(hf_config, tp),
+        max_sequence_length=hf_config.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=_rope_theta(hf_config),
         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
         parallel_output=False,  # full-vocabulary logits: the loss restricts to allowed ids over the whole vocabulary
     )
@@ -60,19 +63,27 @@ def megatron_config_from_hf(hf_config, tp: int = 1, pp: int = 1, params_dtype=to
 
 def _transformer_config(TransformerConfig, hf_config, tp, pp, params_dtype, on_cpu):
     return TransformerConfig(
-        num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
-        num_attention_heads=hf_config.num_attention_heads, num_query_groups=_kv_heads(hf_config),
-        kv_channels=_head_dim(hf_config), ffn_hidden_size=hf_config.intermediate_size,
-        normalization="RMSNorm", layernorm_epsilon=hf_config.rms_norm_eps,
-        gated_linear_unit=True, activation_func=torch.nn.functional.silu,  # SwiGLU
-        add_bias_linear=False, add_qkv_bias=hf_config.model_type == "qwen2",
-        hidden_dropout=0.0, attention_dropout=0.0,  # HF models here train without dropout; the ratio needs the same forward
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        params_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
-        use_cpu_initialization=on_cpu, perform_initialization=False,  # weights are loaded right after
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=_kv_heads(hf_config),
+        kv_channels=_head_dim(hf_config),
+        ffn_hidden_size=hf_config.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,  # SwiGLU
+        add_bias_linear=False,
+        add_qkv_bias=hf_config.model_type == "qwen2",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,  # HF models here train without dropout; the ratio needs the same forward
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        use_cpu_initialization=on_cpu,
+        perform_initialization=False,  # weights are loaded right after
     )
-
-
 
 
 # -- megatron-core import and the CPU redirection ------------------------------------------------------
@@ -91,8 +102,13 @@ def require_megatron():
         raise RuntimeError(f"trainer.backend=megatron needs megatron-core: {INSTALL_HINT} ({e})") from None
     import types
 
-    return types.SimpleNamespace(parallel_state=parallel_state, tensor_parallel=tensor_parallel, GPTModel=GPTModel,
-                                 TransformerConfig=TransformerConfig, local_spec=get_gpt_layer_local_spec)
+    return types.SimpleNamespace(
+        parallel_state=parallel_state,
+        tensor_parallel=tensor_parallel,
+        GPTModel=GPTModel,
+        TransformerConfig=TransformerConfig,
+        local_spec=get_gpt_layer_local_spec,
+    )
 
 
 _redirect_lock = threading.Lock()
@@ -155,12 +171,18 @@ def init_parallel(tp: int = 1, pp: int = 1, seed: int = 0):
             init = f"tcp://127.0.0.1:{port}"
         else:
             init = "env://"
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", init_method=init,
-                                rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            init_method=init,
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        )
     world = dist.get_world_size()
     if world != tp * pp:
-        raise RuntimeError(f"megatron backend: tp={tp} × pp={pp} needs {tp * pp} ranks, this process group has {world} "
-                           "(the trainer runs in one Dask worker process: tp=pp=1 there)")
+        raise RuntimeError(
+            f"megatron backend: tp={tp} × pp={pp} needs {tp * pp} ranks, this process group has {world} "
+            "(the trainer runs in one Dask worker process: tp=pp=1 there)"
+        )
     ps = mc.parallel_state
     if ps.model_parallel_is_initialized():
         have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
@@ -179,8 +201,13 @@ def build_gpt(hf_config, tp: int = 1, pp: int = 1, params_dtype=torch.float32):
     cfg, kw = megatron_config_from_hf(hf_config, tp, pp, params_dtype)
     ps = mc.parallel_state
     with cpu_redirect():
-        model = mc.GPTModel(cfg, mc.local_spec(normalization="RMSNorm"), pre_process=ps.is_pipeline_first_stage(),
-                            post_process=ps.is_pipeline_last_stage(), **kw)
+        model = mc.GPTModel(
+            cfg,
+            mc.local_spec(normalization="RMSNorm"),
+            pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(),
+            **kw,
+        )
     return model
 
 
@@ -213,9 +240,21 @@ class MegatronTrainer(TorchTrainer):
     restore, version) on a Megatron GPTModel. Only the forward pass, the optimizer and the weight
     conversion differ; batching, micro-batches and the GRPO loss are TorchTrainer's own."""
 
-    def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
-                 max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
-                 loss: str = "ppo_clip", tp: int = 1, pp: int = 1):
+    def __init__(
+        self,
+        model_dir: str,
+        lr: float,
+        weight_decay: float = 0.0,
+        clip: float = 0.2,
+        entropy_coef: float = 0.0,
+        max_grad_norm: float = 1.0,
+        temperature: float = 1.0,
+        seed: int = 0,
+        micro_batch_tokens: int = 8192,
+        loss: str = "ppo_clip",
+        tp: int = 1,
+        pp: int = 1,
+    ):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from rollart_dask.models.tiny import load_tokenizer
@@ -257,7 +296,9 @@ class MegatronTrainer(TorchTrainer):
     def _local(self, full: dict) -> dict:
         """This rank's shard of a full Megatron state dict (all of it at tp=pp=1)."""
         ps = require_megatron().parallel_state
-        return shard_megatron(full, self.hf_config, self.tp, self.pp, ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank())
+        return shard_megatron(
+            full, self.hf_config, self.tp, self.pp, ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        )
 
     # -- the hooks TorchTrainer's update loop calls
     def _vocab_size(self) -> int:
@@ -278,8 +319,16 @@ class MegatronTrainer(TorchTrainer):
             return torch.optim.AdamW(self.gpt.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        cfg = OptimizerConfig(optimizer="adam", lr=self.lr, weight_decay=self.weight_decay, clip_grad=self.max_grad_norm,
-                              adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8, params_dtype=torch.float32)
+        cfg = OptimizerConfig(
+            optimizer="adam",
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            clip_grad=self.max_grad_norm,
+            adam_beta1=0.9,
+            adam_beta2=0.999,
+            adam_eps=1e-8,
+            params_dtype=torch.float32,
+        )
         return get_megatron_optimizer(cfg, [self.model])
 
     def _zero_grad(self):

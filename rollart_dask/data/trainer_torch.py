@@ -7,6 +7,7 @@ directories (safetensors + config + tokenizer) plus the optimizer state. With ``
 base is frozen and only a peft adapter trains: ``state_dict()`` and checkpoints are the adapter
 alone (data/lora.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,20 @@ class TorchTrainer:
     nonfinite_in_a_row = 0  # updates skipped for a NaN/inf loss or gradient since the last applied one
     shared_prompt = False  # trainer.shared_prompt: a prompt shared by several samples runs once (_shared_prompt_logits)
 
-    def __init__(self, model_dir: str, lr: float, weight_decay: float = 0.0, clip: float = 0.2, entropy_coef: float = 0.0,
-                 max_grad_norm: float = 1.0, temperature: float = 1.0, seed: int = 0, micro_batch_tokens: int = 8192,
-                 loss: str = "ppo_clip", lora: LoraConfig | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        lr: float,
+        weight_decay: float = 0.0,
+        clip: float = 0.2,
+        entropy_coef: float = 0.0,
+        max_grad_norm: float = 1.0,
+        temperature: float = 1.0,
+        seed: int = 0,
+        micro_batch_tokens: int = 8192,
+        loss: str = "ppo_clip",
+        lora: LoraConfig | None = None,
+    ):
         from transformers import AutoModelForCausalLM
 
         from rollart_dask.models.tiny import load_tokenizer
@@ -63,12 +75,23 @@ class TorchTrainer:
         self.version = 0
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0,
-                    emulation: EmulationConfig | None = None) -> TorchTrainer:
+    def from_config(
+        cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0, emulation: EmulationConfig | None = None
+    ) -> TorchTrainer:
         set_torch_threads()
-        trainer = cls(model_dir, lr=cfg.lr, weight_decay=cfg.weight_decay, clip=cfg.clip, entropy_coef=cfg.entropy_coef,
-                      max_grad_norm=cfg.max_grad_norm, micro_batch_tokens=cfg.micro_batch_tokens, loss=cfg.loss,
-                      temperature=temperature, seed=seed, **cls._backend_options(cfg))
+        trainer = cls(
+            model_dir,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            clip=cfg.clip,
+            entropy_coef=cfg.entropy_coef,
+            max_grad_norm=cfg.max_grad_norm,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            loss=cfg.loss,
+            temperature=temperature,
+            seed=seed,
+            **cls._backend_options(cfg),
+        )
         trainer.correction, trainer.is_cap, trainer.is_level = cfg.correction, cfg.is_cap, cfg.is_level
         trainer.loss_agg, trainer.loss_norm_tokens = cfg.loss_agg, cfg.loss_norm_tokens
         trainer.shared_prompt = cfg.shared_prompt
@@ -127,10 +150,20 @@ class TorchTrainer:
     def train_step(self, samples: list[dict]) -> dict:
         """One optimizer update with the configured loss (trainer.loss) aggregated by trainer.loss_agg; the policy
         version goes up by one."""
+
         def loss_fn(logp, entropy, old, mask, adv, token_weights):
             old, weights, mask, is_stats = off_policy(self.correction, logp, old, mask, self.is_cap, self.is_level)
-            loss, stats = self.policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, clip=self.clip, entropy=entropy,
-                                           entropy_coef=self.entropy_coef, is_weights=weights, token_weights=token_weights)
+            loss, stats = self.policy_loss(
+                logp=logp,
+                old_logp=old,
+                advantages=adv,
+                mask=mask,
+                clip=self.clip,
+                entropy=entropy,
+                entropy_coef=self.entropy_coef,
+                is_weights=weights,
+                token_weights=token_weights,
+            )
             return loss, {**stats, **is_stats}
 
         stats = self._update(samples, loss_fn, agg=self.loss_agg)
@@ -140,6 +173,7 @@ class TorchTrainer:
     def sft_step(self, samples: list[dict]) -> dict:
         """One imitation update: token-level NLL of the demonstrated responses, under the same
         allowed-id restriction the engine decodes with (the policy distribution RL trains)."""
+
         def loss_fn(logp, entropy, old, mask, adv, token_weights):  # imitation stays a token mean
             m = mask.float()
             nll = -(logp * m).sum() / m.sum().clamp(min=1.0)
@@ -147,8 +181,9 @@ class TorchTrainer:
 
         return self._update(samples, loss_fn)
 
-    def warm_start(self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0,
-                   shares: dict[str, float] | None = None) -> dict:
+    def warm_start(
+        self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0, shares: dict[str, float] | None = None
+    ) -> dict:
         """Imitation of expert demonstrations before RL. Each batch takes from every task its
         share (``shares``, default equal) whatever its turns per episode. Counts as one published
         version (the policy RL starts from); the optimizer is then rebuilt so RL starts without
@@ -187,8 +222,18 @@ class TorchTrainer:
             first = first or last
         self.opt = self._make_optimizer()
         self.version += 1
-        return {"demos": len(demos), "samples": len(samples), "skipped": skipped, "steps": steps, "lr": lr, "batch_per_task": quota,
-                "nll_first": first.get("nll"), "nll_last": last.get("nll"), "seconds": time.perf_counter() - t0, "version": self.version}
+        return {
+            "demos": len(demos),
+            "samples": len(samples),
+            "skipped": skipped,
+            "steps": steps,
+            "lr": lr,
+            "batch_per_task": quota,
+            "nll_first": first.get("nll"),
+            "nll_last": last.get("nll"),
+            "seconds": time.perf_counter() - t0,
+            "version": self.version,
+        }
 
     def _update(self, samples: list[dict], loss_fn, agg: str = "token_mean") -> dict:
         """One optimizer update; gradients accumulate over micro-batches, each weighted by its
@@ -220,11 +265,20 @@ class TorchTrainer:
             self._zero_grad()
         self.nonfinite_in_a_row = 0 if finite else self.nonfinite_in_a_row + 1
         if self.nonfinite_in_a_row >= NONFINITE_LIMIT:
-            raise NonFiniteUpdate(f"trainer: the loss or gradient was NaN/inf at {self.nonfinite_in_a_row} updates in a row, the last "
-                                  f"the update after version {self.version} (loss {loss_sum}, grad norm {grad_norm}); none was applied. "
-                                  f"Look for non-finite advantages, logprobs or a learning rate that diverges")
-        stats.update(loss=loss_sum, grad_norm=float(grad_norm), samples=len(samples), tokens=total_tokens,
-                     forward_rows=rows, train_s=time.perf_counter() - t0, nonfinite_skipped=int(not finite))
+            raise NonFiniteUpdate(
+                f"trainer: the loss or gradient was NaN/inf at {self.nonfinite_in_a_row} updates in a row, the last "
+                f"the update after version {self.version} (loss {loss_sum}, grad norm {grad_norm}); none was applied. "
+                f"Look for non-finite advantages, logprobs or a learning rate that diverges"
+            )
+        stats.update(
+            loss=loss_sum,
+            grad_norm=float(grad_norm),
+            samples=len(samples),
+            tokens=total_tokens,
+            forward_rows=rows,
+            train_s=time.perf_counter() - t0,
+            nonfinite_skipped=int(not finite),
+        )
         return stats
 
     # -- the model-specific steps of the update (MegatronTrainer overrides them; the loss stays here)
@@ -329,8 +383,10 @@ class TorchTrainer:
 
         path = Path(path)
         if adapters.is_adapter_dir(path) != (self.lora is not None):
-            raise ValueError(f"checkpoint {path} {'holds a LoRA adapter' if adapters.is_adapter_dir(path) else 'holds full weights'}, "
-                             f"but this run {'trains' if self.lora is not None else 'does not train'} one (trainer.lora)")
+            raise ValueError(
+                f"checkpoint {path} {'holds a LoRA adapter' if adapters.is_adapter_dir(path) else 'holds full weights'}, "
+                f"but this run {'trains' if self.lora is not None else 'does not train'} one (trainer.lora)"
+            )
         if self.lora is not None:
             adapters.load_adapter(self.model, load_file(str(path / adapters.ADAPTER_FILE)))
         else:

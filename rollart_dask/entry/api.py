@@ -1,4 +1,5 @@
 """Programmatic entry point: run a flow (embedded cluster or an existing scheduler)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -71,8 +72,11 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
         console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
         if cfg.rollout.pd_route is None:  # (disaggregated, every call is prefilled on one pool and decoded on the other)
             for t in cfg.tasks:
-                where = (f"any engine pool for the first {cfg.placement.profile_steps} step(s), then as its measured profile decides"
-                         if t.affinity == "auto" and t.name not in s.em.placed else " or ".join(task_pools(t, s.em.placed)))
+                where = (
+                    f"any engine pool for the first {cfg.placement.profile_steps} step(s), then as its measured profile decides"
+                    if t.affinity == "auto" and t.name not in s.em.placed
+                    else " or ".join(task_pools(t, s.em.placed))
+                )
                 console.print(f"task {t.name}: affinity {t.affinity} ({t._affinity_from}) → generation on {where}")
         emulated = {t.name: "env latency/failure injection" for t in cfg.tasks if t.inject}
         if cfg.reward.endpoint_faults:
@@ -84,8 +88,18 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
             pools = ", ".join(f"{p}: {ep.gpus}x{ep.gpu} tp{ep.tp}/worker" for p, ep in e.pools.items() if p in s.layout)
             emulated["hardware"] = f"{e.model} on {pools}; trainer {e.trainer.gpus}x{e.trainer.gpu}; time_scale {e.time_scale}"
             console.print(f"[bold yellow]EMULATED[/bold yellow] hardware timing (no model runs): {emulated['hardware']}")
-        write_effective(cfg, out, {"model_dir": str(model_dir), "engine_backend": s.engine_backend, "engines": s.layout,
-                                   "scheduler": client.scheduler.address, "emulated": emulated, "rewards": s.rewards.where})
+        write_effective(
+            cfg,
+            out,
+            {
+                "model_dir": str(model_dir),
+                "engine_backend": s.engine_backend,
+                "engines": s.layout,
+                "scheduler": client.scheduler.address,
+                "emulated": emulated,
+                "rewards": s.rewards.where,
+            },
+        )
         yield run
     finally:
         if run is not None:  # set-up may have failed after starting a local mooncake_master or reward endpoint
@@ -102,6 +116,7 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
 def run_sync(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> dict:
     """The run in its own event loop. SIGTERM (`kill`, a job scheduler's stop) cancels it as Ctrl-C does, so it stops
     the same way: the run stopped, its embedded cluster closed. Either raises KeyboardInterrupt here."""
+
     async def main():
         task, loop = asyncio.current_task(), asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):  # (no signal handlers off the main thread, or on Windows)

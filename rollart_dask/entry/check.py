@@ -1,5 +1,6 @@
 """`rollart check FLOW`: the run's pre-flight alone (control/preflight.py) on the flow's cluster: each task's env plays
 one episode on an env worker and its reward is called on it where the run would call it. No model loads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,9 @@ async def preflight_flow(cfg: FlowConfig, out: Path) -> dict[str, dict]:
     d = Dispatcher(client)
     made: dict = {}
     try:
-        s = await wiring.wire(cfg, client, out, None, d, start_local_endpoint, on_weights=lambda w: made.setdefault("weights", w),
-                              until_preflight=True)
+        s = await wiring.wire(
+            cfg, client, out, None, d, start_local_endpoint, on_weights=lambda w: made.setdefault("weights", w), until_preflight=True
+        )
         made["rewards"] = s.rewards
         return s.preflight or {}
     finally:

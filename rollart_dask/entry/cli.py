@@ -1,4 +1,5 @@
 """`rollart` command line: run flows, bring up the local pools."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ import click
 from rollart_dask.config import FlowError, load_flow
 from rollart_dask.entry.cli_envs import envs
 from rollart_dask.entry.cli_runs import eval_command, merge, report_command, runs_command
+from rollart_dask.entry.cli_services import cluster, rewards
 from rollart_dask.entry.scaffold import init_command
 
 
@@ -27,7 +29,12 @@ def main():
 @main.command()
 @click.argument("flow", type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, e.g. --set rollout.alpha=2")
-@click.option("--scheduler", default=None, metavar="ADDR", help="attach to an existing Dask scheduler (tcp://host:8786, or tls://host:8786 with the flow's cluster.security)")
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="ADDR",
+    help="attach to an existing Dask scheduler (tcp://host:8786, or tls://host:8786 with the flow's cluster.security)",
+)
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="output directory (default runs/<flow>-<time>)")
 @click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --out")
 def run(flow, overrides, scheduler, out, resume):
@@ -50,10 +57,19 @@ def run(flow, overrides, scheduler, out, resume):
     if not resume and (out_dir / "metrics.jsonl").exists():
         raise click.ClickException(f"{out_dir} already holds a run (metrics.jsonl); pass --resume to continue it, or choose another --out")
     r = cfg.rollout
-    console.print(f"[bold]{cfg.name}[/bold]: mode={r.mode} level={r.level} alpha={r.alpha} G={r.group_size} r={r.redundancy} "
-                  f"batch={r.batch_groups} groups, engine={cfg.engine.backend}, out={out_dir}")
-    progress = Progress(TextColumn("[bold]train[/bold]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
-                        console=console, disable=not cfg.observe.progress)
+    console.print(
+        f"[bold]{cfg.name}[/bold]: mode={r.mode} level={r.level} alpha={r.alpha} G={r.group_size} r={r.redundancy} "
+        f"batch={r.batch_groups} groups, engine={cfg.engine.backend}, out={out_dir}"
+    )
+    progress = Progress(
+        TextColumn("[bold]train[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=not cfg.observe.progress,
+    )
     bar = progress.add_task("", total=cfg.trainer.steps)
 
     printed = set()
@@ -72,8 +88,10 @@ def run(flow, overrides, scheduler, out, resume):
     except FlowError as e:
         raise click.ClickException(str(e))
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run stopped, its cluster closed
-        console.print(f"[yellow]{e or 'stopped by Ctrl-C'}: metrics so far in {out_dir / 'metrics.jsonl'}; "
-                      f"`rollart run {flow} --out {out_dir} --resume` continues from the latest checkpoint[/yellow]")
+        console.print(
+            f"[yellow]{e or 'stopped by Ctrl-C'}: metrics so far in {out_dir / 'metrics.jsonl'}; "
+            f"`rollart run {flow} --out {out_dir} --resume` continues from the latest checkpoint[/yellow]"
+        )
         raise SystemExit(130) from None
     except Exception as e:
         partial = getattr(e, "partial", None)
@@ -87,46 +105,85 @@ def run(flow, overrides, scheduler, out, resume):
     for task in first["eval"]:
         fa, fb = first["eval"][task], last["eval"][task]
         both = f"{shown(fa)} (v{first['version']}) → {shown(fb)} (v{last['version']})"
-        delta = f"  Δ {fb['success'] - fa['success']:+.3f}" if is_complete(fa) and is_complete(fb) else ""  # never built on an incomplete one
+        delta = (
+            f"  Δ {fb['success'] - fa['success']:+.3f}" if is_complete(fa) and is_complete(fb) else ""
+        )  # never built on an incomplete one
         rows.append((f"held-out {task} success ({played_as(last.get('temperature'))})", escape(both) + delta))
     if cfg.warmstart.steps and not resume:
         rows.append(("warm start", f"{cfg.warmstart.steps} imitation steps before v{first['version']}: Δ above is RL's alone"))
-    rows += [("steps", str(result["steps"])), ("wall time", f"{result['wall_s']:.0f} s"), ("checkpoint", Path(result["checkpoint"]).name + " (its full path below)")]
+    rows += [
+        ("steps", str(result["steps"])),
+        ("wall time", f"{result['wall_s']:.0f} s"),
+        ("checkpoint", Path(result["checkpoint"]).name + " (its full path below)"),
+    ]
     w = result["weights"]
     if w.get("transfers"):
         what = "LoRA adapter: " if w.get("adapter") else ""
-        rows.append((f"weights ({w['store']} store)", f"{what}{w['bytes'] / 2**20:.2f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
-                     f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
-                     f"({w['hidden_fraction']:.0%} hidden behind rollout)"))
+        rows.append(
+            (
+                f"weights ({w['store']} store)",
+                f"{what}{w['bytes'] / 2**20:.2f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
+                f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
+                f"({w['hidden_fraction']:.0%} hidden behind rollout)",
+            )
+        )
     pl = result.get("placement")
     if pl and pl.get("measured_step_s"):  # affinity auto, rollout.pd auto (control/placement.py)
         from rollart_dask.control.placement import describe
-        rows.append(("placement (auto)", f"{describe(pl, cfg.rollout.pd == 'auto')} from step {pl['applied_at_step']}: predicted {pl['predicted_step_s']:.1f}, "
-                     f"measured {pl['measured_step_s']:.1f} emulated s/step over {pl['steps_measured']} steps ({pl['error']:+.0%})"))
+
+        rows.append(
+            (
+                "placement (auto)",
+                f"{describe(pl, cfg.rollout.pd == 'auto')} from step {pl['applied_at_step']}: predicted {pl['predicted_step_s']:.1f}, "
+                f"measured {pl['measured_step_s']:.1f} emulated s/step over {pl['steps_measured']} steps ({pl['error']:+.0%})",
+            )
+        )
     if result.get("pd"):  # prefill/decode disaggregation (rollout.pd)
         pdm = result["pd"]
         route = cfg.rollout.pd_route.model_dump() if cfg.rollout.pd_route else (pl or {}).get("pd")
-        rows.append((f"pd ({route['prefill']} → {route['decode']})" if route else "pd (auto: off)",
-                     f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
-                     f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "
-                     f"re-prefilled {pdm['reprefilled']}"))
+        rows.append(
+            (
+                f"pd ({route['prefill']} → {route['decode']})" if route else "pd (auto: off)",
+                f"{pdm['kv_bytes_shipped'] / 2**20:.1f} MiB of KV shipped; {pdm['prefill_requests']} requests prefilled "
+                f"({pdm['prefill_s']:.2f} engine s), {pdm['decode_requests']} decoded ({pdm['decode_s']:.2f} engine s); "
+                f"re-prefilled {pdm['reprefilled']}",
+            )
+        )
     t = result.get("rollout_tokens") or {}
     if t.get("generated"):
-        rows.append(("response tokens", f"{t['generated']} generated, {t['trained']} trained ({t['wasted_share']:.1%} wasted: stale, redundant, "
-                     f"failed, in flight); {t['discarded']} of interrupted turns discarded, {t['continued']} continued "
-                     f"(rollout.partial={cfg.rollout.partial})"))
+        rows.append(
+            (
+                "response tokens",
+                f"{t['generated']} generated, {t['trained']} trained ({t['wasted_share']:.1%} wasted: stale, redundant, "
+                f"failed, in flight); {t['discarded']} of interrupted turns discarded, {t['continued']} continued "
+                f"(rollout.partial={cfg.rollout.partial})",
+            )
+        )
     a = result.get("accounting")
     if a:
         ends = ", ".join(f"{a[k]} {k.replace('_', ' ')}" for k in OUTCOMES if a[k])
         lost = a["unaccounted"] + a["conflicts"] + a["trained_twice"] + a["trained_without_reward"]
-        rows.append(("trajectories", f"{a['launched']} launched: {ends}; " + ("nothing lost" if not lost else
-                     f"[red]{a['unaccounted']} unaccounted, {a['conflicts']} with two outcomes, {a['trained_twice']} trained twice, "
-                     f"{a['trained_without_reward']} trained without a reward[/red]")))
+        rows.append(
+            (
+                "trajectories",
+                f"{a['launched']} launched: {ends}; "
+                + (
+                    "nothing lost"
+                    if not lost
+                    else f"[red]{a['unaccounted']} unaccounted, {a['conflicts']} with two outcomes, {a['trained_twice']} trained twice, "
+                    f"{a['trained_without_reward']} trained without a reward[/red]"
+                ),
+            )
+        )
     rows += [(k, str(v)) for k, v in sorted(result["counts"].items())]
     console.print(summary_table(f"{cfg.name} — summary", rows))
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2, default=str))
-    files = {"checkpoint": Path(result["checkpoint"]), "metrics": out_dir / "metrics.jsonl", "summary": out_dir / "summary.json",
-             **({"tensorboard": out_dir / "tensorboard"} if cfg.observe.tensorboard else {})}
+    files = {
+        "checkpoint": Path(result["checkpoint"]),
+        "metrics": out_dir / "metrics.jsonl",
+        "summary": out_dir / "summary.json",
+        **({"tensorboard": out_dir / "tensorboard"} if cfg.observe.tensorboard else {}),
+    }
     for what, path in files.items():  # whole, never folded by the table: to copy into `rollart eval`, a notebook, a shell
         console.print(f"{what + ':':12s} {path.resolve()}", soft_wrap=True, highlight=False)
 
@@ -181,8 +238,16 @@ def chaos(flow, scenario, steps, seed, out, overrides):
     console.print(table(rows))
     (out_dir / "table.md").write_text(markdown(rows))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'table.md'}")
-    bad = [r["scenario"] for r in rows if not r.get("completed") or r.get("samples_lost") or r.get("leaked_envs") or r.get("leaked_processes")
-           or r.get("leaked_containers") or r.get("inject_errors")]
+    bad = [
+        r["scenario"]
+        for r in rows
+        if not r.get("completed")
+        or r.get("samples_lost")
+        or r.get("leaked_envs")
+        or r.get("leaked_processes")
+        or r.get("leaked_containers")
+        or r.get("inject_errors")
+    ]
     if bad:
         raise click.ClickException(f"scenarios that lost, leaked or failed: {', '.join(bad)}")
 
@@ -191,10 +256,15 @@ def chaos(flow, scenario, steps, seed, out, overrides):
 @click.argument("name")
 @click.option("--quick", is_flag=True, help="the short versions (all of them together: under 15 minutes on 2 cores)")
 @click.option("--tiny", is_flag=True, help="the smallest that still measures (the test suite's)")
-@click.option("--out", default="runs/ablations", show_default=True, type=click.Path(file_okay=False), help="one folder per ablation under it")
+@click.option(
+    "--out", default="runs/ablations", show_default=True, type=click.Path(file_okay=False), help="one folder per ablation under it"
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every variant")
-@click.option("--report-only", is_flag=True, help="report the runs already under --out again (ideal, simulation and cost "
-                                                  "recomputed with the code of today), running nothing")
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="report the runs already under --out again (ideal, simulation and cost recomputed with the code of today), running nothing",
+)
 def ablate(name, quick, tiny, out, overrides, report_only):
     """Run ablation NAME (a file in flows/ablations/, or 'all') on EMULATED hardware: every variant side by side,
     reported beside the paper and beside its own ideal (results.csv, results.md, results.png).
@@ -211,8 +281,10 @@ def ablate(name, quick, tiny, out, overrides, report_only):
         print_facts(facts)
         wrong = [f"{f.figure}: {f.claim} (the workload gives {f.measured})" for f in facts if not f.holds]
         if wrong:
-            raise click.ClickException("the workload does not hold the paper's facts; mend flows/ablations/workloads/ before measuring "
-                                       "any figure:\n  " + "\n  ".join(wrong))
+            raise click.ClickException(
+                "the workload does not hold the paper's facts; mend flows/ablations/workloads/ before measuring "
+                "any figure:\n  " + "\n  ".join(wrong)
+            )
         if name == "calibrate":
             return
     names = ablation_names() if name == "all" else [name]
@@ -233,149 +305,8 @@ main.add_command(runs_command)
 main.add_command(report_command)
 main.add_command(envs)
 main.add_command(init_command)
-
-
-@main.group()
-def rewards():
-    """Rewards as AWS Lambda functions: a local endpoint, and deploy to it or to AWS."""
-
-
-@rewards.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="bind address (off loopback the token must be given)")
-@click.option("--port", default=0, show_default=True, help="0: a free port (printed with the URL)")
-@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="shared secret: requests must be SigV4-signed with it as the "
-              "secret key (default: a new one, printed)")
-@click.option("--keep-warm-s", default=300.0, show_default=True, help="idle execution environments retire after this (scale to zero)")
-@click.option("--default-concurrency", default=None, type=int, help="per-function limit without reserved concurrency (default 2 x CPUs)")
-@click.option("--state-dir", default=None, type=click.Path(file_okay=False), help="functions, code and logs (default ~/.cache/rollart-dask/lambda)")
-def rewards_serve(host, port, token, keep_warm_s, default_concurrency, state_dir):
-    """Run the local Lambda-compatible endpoint (Invoke, Create/Update/Get/DeleteFunction, concurrency)."""
-    from rollart_dask.tools.lambda_local import serve
-
-    try:
-        serve(host=host, port=port, token=token, keep_warm_s=keep_warm_s, default_concurrency=default_concurrency, state_dir=state_dir)
-    except ValueError as e:
-        raise click.ClickException(str(e))
-
-
-@rewards.command("deploy")
-@click.argument("reward")
-@click.option("--function", "function_name", default=None, help="Lambda function name (default rollart-reward-REWARD)")
-@click.option("--endpoint-url", default=None, help="a local endpoint (http://127.0.0.1:9001); omit for AWS Lambda")
-@click.option("--region", default="us-east-1", show_default=True)
-@click.option("--role-arn", default=None, help="execution role (required by AWS)")
-@click.option("--timeout", default=30, show_default=True, help="function timeout, seconds")
-@click.option("--memory", default=512, show_default=True, help="MB")
-@click.option("--concurrency", default=None, type=int, help="reserved concurrency (the function's limit)")
-@click.option("--token", envvar="ROLLART_LAMBDA_TOKEN", default=None, help="the endpoint's token, when it has one")
-def rewards_deploy(reward, function_name, endpoint_url, region, role_arn, timeout, memory, concurrency, token):
-    """Package REWARD (a registered name like 'math', or a module) and create or update its function."""
-    from rollart_dask.data.serverless import deploy, make_lambda_client
-
-    name = function_name or f"rollart-reward-{reward.replace('.', '-').replace(':', '-').replace('_', '-')}"
-    client = make_lambda_client(endpoint_url, region=region, token=token)
-    try:
-        out = deploy(name, reward, client, role_arn=role_arn, timeout=timeout, memory=memory, concurrency=concurrency)
-    except (KeyError, ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e))
-    click.echo(f"{out['action']} {out['function_arn']} (code sha256 {out['code_sha256']})")
-
-
-@main.group()
-def cluster():
-    """The embedded local cluster; check a running one against a flow."""
-
-
-@cluster.command("up")
-@click.argument("flow", required=False, type=click.Path(dir_okay=False))
-def cluster_up(flow):
-    """Start the local heterogeneous pools (from FLOW's cluster section) and wait; Ctrl-C stops them."""
-    from rollart_dask.config import ClusterConfig
-    from rollart_dask.observe import console
-    from rollart_dask.resource.cluster import connect
-    from rollart_dask.resource.pools import PoolMap
-    from rollart_dask.resource.security import describe
-
-    cfg = load_flow(flow).cluster if flow else ClusterConfig()
-
-    async def up():
-        client, cl = await connect(cfg)
-        info = await client.scheduler.identity()
-        for line in describe(cfg, client.scheduler.address, client.dashboard_link):
-            console.print(line)
-        click.echo("workers: " + PoolMap.from_scheduler_info(info).describe())
-        try:
-            while True:
-                await asyncio.sleep(3600)
-        finally:
-            await client.close()
-            if cl:
-                await cl.close()
-
-    try:
-        asyncio.run(up())
-    except KeyboardInterrupt:
-        pass
-
-
-@cluster.command("certs")
-@click.argument("directory", type=click.Path(file_okay=False))
-def cluster_certs(directory):
-    """Write a CA, certificate and key (ca.pem, cert.pem, key.pem) to DIRECTORY for a TLS cluster (deploy/ recipes,
-    cluster.security); every node and the client use the same three files."""
-    from rollart_dask.resource.security import write_certificates
-
-    paths = write_certificates(directory)
-    click.echo("\n".join(f"{k}: {v}" for k, v in paths.items()))
-    click.echo("flow: cluster: {security: {" + ", ".join(f"{k}: {v}" for k, v in paths.items()) + "}}")
-
-
-@cluster.command("check")
-@click.argument("flow", required=False, type=click.Path(dir_okay=False))
-@click.option("--scheduler", default=None, metavar="ADDR", help="the scheduler to check (default: FLOW's cluster.scheduler, else the embedded cluster)")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key, as for `rollart run`")
-def cluster_check(flow, scheduler, overrides):
-    """List the pools of a cluster with their workers and, given FLOW, whether it can run there (non-zero exit if not)."""
-    from rich.console import Console
-
-    from rollart_dask.resource.cluster import connect
-    from pydantic import ValidationError
-
-    from rollart_dask.resource.check import check_cluster, pools_table
-    from rollart_dask.config import ClusterConfig
-
-    at = [f"cluster.scheduler={scheduler}"] if scheduler else []
-    try:
-        cfg = load_flow(flow, [*overrides, *at]) if flow else None
-        ccfg = cfg.cluster.model_copy() if cfg else ClusterConfig.model_validate({"scheduler": scheduler})
-    except (FlowError, ValidationError) as e:
-        raise click.ClickException(str(e))
-
-    async def snapshot():
-        client, cl = await connect(ccfg)
-        try:
-            return client.scheduler.address, await client.scheduler.identity()
-        finally:
-            await client.close()
-            if cl:
-                await cl.close()
-
-    try:
-        address, info = asyncio.run(snapshot())
-    except OSError as e:  # unreachable scheduler: distributed raises OSError after its connect timeout
-        raise click.ClickException(f"cannot reach scheduler {ccfg.scheduler}: {e}")
-    except FlowError as e:  # e.g. a tls:// scheduler without certificates
-        raise click.ClickException(str(e))
-    rows, problems = check_cluster(info, cfg)
-    title = f"{address}: {len(info['workers'])} workers" + (f" — flow {cfg.name}" if cfg else "")
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=160)  # a log or a pipe: one line per worker rather than 80-column wrapping
-    out.print(pools_table(rows, title))
-    if problems:
-        raise click.ClickException(f"flow {cfg.name} cannot run on {address}: " + "; ".join(problems))
-    if cfg:
-        out.print(f"flow {cfg.name} can run on {address}")
+main.add_command(rewards)
+main.add_command(cluster)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """`rollart envs`: list the environments, play one by hand, or let a model play it with a flow task's prompt."""
+
 from __future__ import annotations
 
 import click
@@ -26,10 +27,20 @@ def envs_list():
 @click.option("--seed", default=0, show_default=True, help="episode seed (held-out seeds start at 1000000)")
 @click.option("--arg", "args", multiple=True, metavar="KEY=VALUE", help="env argument, e.g. --arg size=6")
 @click.option("--max-turns", default=20, show_default=True)
-@click.option("--model", default=None, metavar="KIND|DIR", help="let a model play instead of you: tiny, smollm2 or a Hugging Face model "
-              "directory; each turn shows the prompt rendered with its chat template and its answer (greedy)")
-@click.option("--flow", "flow_file", default=None, type=click.Path(dir_okay=False), help="with --model: take the task's env, env_args, "
-              "prompt and max_tokens from this flow (NAME is then the task's name)")
+@click.option(
+    "--model",
+    default=None,
+    metavar="KIND|DIR",
+    help="let a model play instead of you: tiny, smollm2 or a Hugging Face model "
+    "directory; each turn shows the prompt rendered with its chat template and its answer (greedy)",
+)
+@click.option(
+    "--flow",
+    "flow_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="with --model: take the task's env, env_args, prompt and max_tokens from this flow (NAME is then the task's name)",
+)
 @click.option("--max-tokens", default=None, type=int, help="with --model: tokens per answer (default: the flow task's, else 24)")
 def envs_try(name, seed, args, max_turns, model, flow_file, max_tokens):
     """Play env NAME by hand: type actions, see observations, rewards and info. 'q' quits. With --model, a model plays."""
@@ -100,8 +111,9 @@ def _model_player(model: str, task, max_tokens: int | None):
 
     def play(observation: str) -> str:
         messages = chat.ask(observation)
-        c = engine.generate([{"id": f"try-{next(turn)}", "prompt": messages, "max_tokens": limit, "temperature": 0.0,
-                              "stop": list(prompt.stop)}])[0]
+        c = engine.generate(
+            [{"id": f"try-{next(turn)}", "prompt": messages, "max_tokens": limit, "temperature": 0.0, "stop": list(prompt.stop)}]
+        )[0]
         click.echo(click.style("prompt (as the model sees it):", bold=True))
         click.echo(engine.tokenizer.decode(c.prompt_ids))
         click.echo(click.style(f"answer ({len(c.token_ids)} tokens, {c.finish_reason}):", bold=True) + f" {c.text!r}")

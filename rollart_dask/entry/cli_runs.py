@@ -1,4 +1,5 @@
 """`rollart` commands about finished runs: evaluate a checkpoint, fold a LoRA adapter into its base, list runs, report on them."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,24 @@ def _interval(value: float, ci: list[float], digits: int = 2) -> str:
 
 @click.command("eval")
 @click.argument("target", metavar="CHECKPOINT|RUN_DIR", type=click.Path(exists=True, file_okay=False))
-@click.option("--task", "tasks", multiple=True, metavar="NAME", help="evaluate this task only (repeatable; default: every task of the flow)")
+@click.option(
+    "--task", "tasks", multiple=True, metavar="NAME", help="evaluate this task only (repeatable; default: every task of the flow)"
+)
 @click.option("--seeds", type=click.IntRange(min=1), default=None, help="seeds per task (default: the flow's held-out count)")
 @click.option("--start", type=int, default=None, help="first seed (default: the held-out range, eval.start_seed)")
-@click.option("--temperature", type=click.FloatRange(min=0), default=None,
-              help="0: greedy; above: sampled (default: the run's eval.temperature, 0 unless its flow set it)")
-@click.option("--compare", "other", type=click.Path(exists=True, file_okay=False), metavar="CHECKPOINT|RUN_DIR",
-              help="a second checkpoint, evaluated on the same seeds: both side by side, and their paired difference")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="0: greedy; above: sampled (default: the run's eval.temperature, 0 unless its flow set it)",
+)
+@click.option(
+    "--compare",
+    "other",
+    type=click.Path(exists=True, file_okay=False),
+    metavar="CHECKPOINT|RUN_DIR",
+    help="a second checkpoint, evaluated on the same seeds: both side by side, and their paired difference",
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a key of the run's flow, e.g. engine.backend=vllm")
 @click.option("--out", default=None, type=click.Path(file_okay=False), help="where the evaluation writes (default runs/eval-<time>)")
 def eval_command(target, tasks, seeds, start, temperature, other, overrides, out):
@@ -66,7 +78,9 @@ def eval_command(target, tasks, seeds, start, temperature, other, overrides, out
                 row += [_interval(f["success"], f["success_ci"]), _interval(f["reward_mean"], f["reward_ci"], 3)] if f else ["—", "—"]
         if other:
             d = diffs[task]["success"]
-            row.append(_interval(d["diff"], d["ci"]) + f" ({d['seeds']} seeds)" if diffs[task]["complete"] else "— (an evaluation is incomplete)")
+            row.append(
+                _interval(d["diff"], d["ci"]) + f" ({d['seeds']} seeds)" if diffs[task]["complete"] else "— (an evaluation is incomplete)"
+            )
         table.add_row(*row)
     console.print(table)
     for r, name in zip(results, names):
@@ -110,11 +124,20 @@ def run_row(run_dir: Path) -> dict:
     evals = [r for r in rows if r.get("kind") == "eval" and r.get("eval")]
     rollout = flow.get("rollout", {})
     mode = f"{rollout.get('mode', '?')} α={rollout.get('alpha', '?')}" if steps or not evals else "evaluation only (rollart eval)"
-    return {"run": str(run_dir), "flow": flow.get("name", "?"), "mode": mode,
-            "steps": len(steps), "planned": flow.get("trainer", {}).get("steps"), "version": steps[-1]["version"] if steps else 0,
-            "held_out": {t: f["success"] if is_complete(f) else None for t, f in evals[-1]["eval"].items()} if evals else {},  # None: incomplete
-            "held_out_incomplete": {t: incomplete_note(f) for t, f in evals[-1]["eval"].items() if not is_complete(f)} if evals else {},
-            "held_out_at": evals[-1]["version"] if evals else None, "modified": (run_dir / "metrics.jsonl").stat().st_mtime}
+    return {
+        "run": str(run_dir),
+        "flow": flow.get("name", "?"),
+        "mode": mode,
+        "steps": len(steps),
+        "planned": flow.get("trainer", {}).get("steps"),
+        "version": steps[-1]["version"] if steps else 0,
+        "held_out": {t: f["success"] if is_complete(f) else None for t, f in evals[-1]["eval"].items()}
+        if evals
+        else {},  # None: incomplete
+        "held_out_incomplete": {t: incomplete_note(f) for t, f in evals[-1]["eval"].items() if not is_complete(f)} if evals else {},
+        "held_out_at": evals[-1]["version"] if evals else None,
+        "modified": (run_dir / "metrics.jsonl").stat().st_mtime,
+    }
 
 
 @click.command("runs")
@@ -133,17 +156,28 @@ def runs_command(root):
     for col in ("run", "flow", "mode", "steps (of planned)", "held-out success", "modified"):
         table.add_column(col, justify="right" if col.startswith("steps") else "left", overflow="fold")
     for r in found:
-        held = ", ".join(f"{t} {s:.2f}" if s is not None else f"{t} {escape(r['held_out_incomplete'][t])}" for t, s in r["held_out"].items()) \
-            + (f" @v{r['held_out_at']}" if r["held_out"] else "—")
-        table.add_row(r["run"], r["flow"], r["mode"], f"{r['steps']} ({r['planned']})", held if r["held_out"] else "—",
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(r["modified"])))
+        held = ", ".join(
+            f"{t} {s:.2f}" if s is not None else f"{t} {escape(r['held_out_incomplete'][t])}" for t, s in r["held_out"].items()
+        ) + (f" @v{r['held_out_at']}" if r["held_out"] else "—")
+        table.add_row(
+            r["run"],
+            r["flow"],
+            r["mode"],
+            f"{r['steps']} ({r['planned']})",
+            held if r["held_out"] else "—",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["modified"])),
+        )
     console.print(table)
 
 
 @click.command("report")
 @click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR [RUN_DIR ...]", type=click.Path(file_okay=False))
-@click.option("--out", default=None, type=click.Path(file_okay=False),
-              help="where index.html and its PNGs go (default: RUN_DIR/report for one run, report/ in the runs' common folder for several)")
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="where index.html and its PNGs go (default: RUN_DIR/report for one run, report/ in the runs' common folder for several)",
+)
 def report_command(run_dirs, out):
     """A static HTML page with PNGs of one run, or comparing runs (a folder stands for every run below it): held-out
     success over time and versions, train reward, entropy/KL/clip fraction, staleness, aborted/dropped/failed, the six

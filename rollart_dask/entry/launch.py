@@ -5,6 +5,7 @@ notebook kernel stays free; with ``client=`` it joins the scheduler of a ``distr
 the user already has, otherwise it starts the flow's cluster (the embedded one by default).
 Steering calls (pause / resume / stop) are handed to the run's loop thread-safely.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -99,7 +100,9 @@ class RunHandle:
     # -- steering -------------------------------------------------------------------------------
     def _call(self, fn) -> None:
         if not self._ready.wait(timeout=600) or self._run is None:
-            raise RuntimeError(f"run {self.cfg.name!r} is not running (status: {self.status})" + (f": {self.error!r}" if self.error else ""))
+            raise RuntimeError(
+                f"run {self.cfg.name!r} is not running (status: {self.status})" + (f": {self.error!r}" if self.error else "")
+            )
         self._loop.call_soon_threadsafe(fn)
 
     def pause(self) -> None:
@@ -134,31 +137,50 @@ class RunHandle:
 
         cfg, run = self.cfg, self._run
         r = cfg.rollout
-        rows = [("flow", cfg.name), ("status", self.status), ("mode", f"{r.mode} ({r.level} level), α={r.alpha}, G={r.group_size}, "
-                                                                          f"{r.batch_groups} groups/step"),
-                ("tasks", ", ".join(t.name for t in cfg.tasks)), ("output", str(self.out))]
+        rows = [
+            ("flow", cfg.name),
+            ("status", self.status),
+            ("mode", f"{r.mode} ({r.level} level), α={r.alpha}, G={r.group_size}, {r.batch_groups} groups/step"),
+            ("tasks", ", ".join(t.name for t in cfg.tasks)),
+            ("output", str(self.out)),
+        ]
         if run is not None:
             link = self._dashboard_link
             if link:
                 rows.append(("dashboard", f'<a href="{escape(link)}" target="_blank">{escape(link)}</a>'))
             if run.dashboard_url:
                 rows.append(("rollart page", f'<a href="{escape(run.dashboard_url)}" target="_blank">{escape(run.dashboard_url)}</a>'))
-            pools = {p: [run.services.poolmap.name(a) for a in run.services.poolmap.members(p)] for p in ("H800", "H20", "CPU", "TRAIN", "REWARD", "SERVERLESS")}
+            pools = {
+                p: [run.services.poolmap.name(a) for a in run.services.poolmap.members(p)]
+                for p in ("H800", "H20", "CPU", "TRAIN", "REWARD", "SERVERLESS")
+            }
             rows.append(("pools", "; ".join(f"{p}: {', '.join(ws)}" for p, ws in pools.items() if ws)))
             steps = len(self._rows("step"))
             pct = 100.0 * steps / max(cfg.trainer.steps, 1)
-            rows.append(("steps", f'<progress value="{steps}" max="{cfg.trainer.steps}"></progress> {steps} / {cfg.trainer.steps} ({pct:.0f}%)'))
+            rows.append(
+                ("steps", f'<progress value="{steps}" max="{cfg.trainer.steps}"></progress> {steps} / {cfg.trainer.steps} ({pct:.0f}%)')
+            )
             evals = self._rows("eval")
             if evals:
                 first, last = evals[0], evals[-1]
                 from rollart_dask.algo.heldout import played_as, shown  # (an incomplete evaluation: its note, never a score)
 
-                rows.append((f"held-out ({played_as(last.get('temperature'))})", ", ".join(f"{t} {shown(first['eval'][t], 2) if t in first['eval'] else '—'} → {shown(e, 2)}"
-                                                   for t, e in last["eval"].items())))
+                rows.append(
+                    (
+                        f"held-out ({played_as(last.get('temperature'))})",
+                        ", ".join(
+                            f"{t} {shown(first['eval'][t], 2) if t in first['eval'] else '—'} → {shown(e, 2)}"
+                            for t, e in last["eval"].items()
+                        ),
+                    )
+                )
         if self.error is not None:
             rows.append(("error", escape(repr(self.error))))
-        cells = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
-                        f"{v if k in ('dashboard', 'rollart page', 'steps') else escape(v)}</td></tr>" for k, v in rows)
+        cells = "".join(
+            f"<tr><th style='text-align:left'>{escape(k)}</th><td style='text-align:left'>"
+            f"{v if k in ('dashboard', 'rollart page', 'steps') else escape(v)}</td></tr>"
+            for k, v in rows
+        )
         return f"<div><strong>rollart-dask run</strong><table>{cells}</table></div>"
 
     def __repr__(self) -> str:

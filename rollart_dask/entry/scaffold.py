@@ -1,5 +1,6 @@
 """`rollart init DIR`: a project of one's own that runs as it is — a flow, an env and a reward written with the
 decorators (the docs' first how-to), for the user to change."""
+
 from __future__ import annotations
 
 from pathlib import Path

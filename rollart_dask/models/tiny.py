@@ -4,6 +4,7 @@ The tokenizer is a character-level WordLevel model over printable ASCII plus new
 which covers every built-in task's alphabet; the model is randomly initialised from a
 seed. Both are saved as a Hugging Face directory that transformers (and vLLM) load.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -6,6 +6,7 @@ tested without a cluster. The rules are the run's own (``needed_pools``, ``engin
 what a run finds only later (affinity-auto tasks with no engine worker, stateful rewards with no
 REWARD worker).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

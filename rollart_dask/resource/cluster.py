@@ -1,6 +1,7 @@
 """The embedded local heterogeneous cluster (SpecCluster of Nanny workers tagged by pool, the
 scheduler in a process of its own), or a connection to an existing scheduler. Loopback only unless
 ``cluster.listen`` exposes it, and then TLS (resource/security.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +59,12 @@ async def leave_as_found(client, found: dict) -> None:
     except Exception as e:
         console.print(f"[yellow]could not read the cluster's plugins to leave it as found ({type(e).__name__}: {e})[/yellow]")
         return
-    undo = [(f"{kind} plugin {name}", kind, name) for kind in ("worker", "nanny", "scheduler")
-            for name in sorted(set(now[kind]) - set(found[kind])) if name.startswith("rollart-") and name not in KEPT_PLUGINS]
+    undo = [
+        (f"{kind} plugin {name}", kind, name)
+        for kind in ("worker", "nanny", "scheduler")
+        for name in sorted(set(now[kind]) - set(found[kind]))
+        if name.startswith("rollart-") and name not in KEPT_PLUGINS
+    ]
     for what, kind, name in undo:
         try:
             if kind == "scheduler":
@@ -92,7 +97,13 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
                 "security": security,
                 "nthreads": w.nthreads,
                 "resources": worker_resources(list(w.pools)),
-                "env": {**bind_env, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", "OMP_NUM_THREADS": str(w.torch_threads), "MKL_NUM_THREADS": str(w.torch_threads), "TOKENIZERS_PARALLELISM": "false"},
+                "env": {
+                    **bind_env,
+                    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+                    "OMP_NUM_THREADS": str(w.torch_threads),
+                    "MKL_NUM_THREADS": str(w.torch_threads),
+                    "TOKENIZERS_PARALLELISM": "false",
+                },
                 "memory_limit": 0,
                 "name": w.name,
                 # the worker samples its process as usual (the dashboard's CPU and memory); only its Nanny, which
@@ -100,8 +111,12 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
                 "config": {SYSTEM_MONITOR: dask.config.get(SYSTEM_MONITOR)},
             },
         }
-    kwargs = {"host": cfg.listen, "protocol": "tls" if security else "tcp", "dashboard_address": cfg.dashboard_address,
-              "preload": [PRELOAD]}  # the RollArt page listed in JupyterLab's Dask extension
+    kwargs = {
+        "host": cfg.listen,
+        "protocol": "tls" if security else "tcp",
+        "dashboard_address": cfg.dashboard_address,
+        "preload": [PRELOAD],
+    }  # the RollArt page listed in JupyterLab's Dask extension
     scheduler = {"cls": SchedulerProcess, "options": {"scheduler_kwargs": kwargs, "env": {**scheduler_env(security), **AMM_OFF}}}
     return {"workers": workers, "scheduler": scheduler, "security": security}
 
@@ -143,8 +158,9 @@ class SchedulerProcess(compat.SchedulerSubprocess):
         # scheduler (run_on_scheduler, plugins) unpickle by reference to modules it imported
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **self.extra_env)
         with os.fdopen(fd, "wb") as log:
-            self.process = await asyncio.create_subprocess_exec(*dies_with_this_process("dask", "spec", "--spec", spec),
-                                                                stdout=log, stderr=log, env=env)
+            self.process = await asyncio.create_subprocess_exec(
+                *dies_with_this_process("dask", "spec", "--spec", spec), stdout=log, stderr=log, env=env
+            )
         scheduler_file = Path(self.scheduler_kwargs["scheduler_file"])
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline and self.process.returncode is None:
@@ -184,8 +200,14 @@ async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.ERROR) ->
     # Every Nanny is a Server in the client's process, each sampling the machine with psutil twice a second for
     # nothing it shows (a few % of the client's core): once every 10 s there.
     with dask.config.set({SYSTEM_MONITOR: NANNY_MONITOR_INTERVAL}):
-        cluster = EmbeddedCluster(workers=spec["workers"], scheduler=spec["scheduler"], asynchronous=True, silence_logs=silence_logs,
-                                  name="rollart", security=spec["security"])
+        cluster = EmbeddedCluster(
+            workers=spec["workers"],
+            scheduler=spec["scheduler"],
+            asynchronous=True,
+            silence_logs=silence_logs,
+            name="rollart",
+            security=spec["security"],
+        )
         cluster.dashboard_host = host_of(cfg.dashboard_address)
         await cluster
     return cluster

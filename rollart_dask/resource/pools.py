@@ -5,6 +5,7 @@ by the services (an engine batches what it holds, an env host runs many envs), n
 resource counts. A run validates the cluster before its first submit: a pool without a
 worker is an error naming the pool and the workers seen, never a task stuck in no-worker.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,8 +55,12 @@ class PoolMap:
 
     @classmethod
     def from_scheduler_info(cls, info: dict) -> "PoolMap":
-        return cls({addr: {"name": w.get("name", addr), "resources": dict(w.get("resources", {})), "nthreads": int(w.get("nthreads", 1))}
-                    for addr, w in info["workers"].items()})
+        return cls(
+            {
+                addr: {"name": w.get("name", addr), "resources": dict(w.get("resources", {})), "nthreads": int(w.get("nthreads", 1))}
+                for addr, w in info["workers"].items()
+            }
+        )
 
     def members(self, pool: str) -> list[str]:
         return sorted(a for a, w in self.workers.items() if pool in w["resources"])

@@ -2,6 +2,7 @@
 
 The ``*_later`` ones fail only past the pre-flight's episode (seed 0): faults that only show on the run's own
 trajectories, which the circuit breaker must catch; the others fail at once, which the pre-flight must catch."""
+
 import time
 
 from rollart_dask.envs.frozenlake import FrozenLakeText

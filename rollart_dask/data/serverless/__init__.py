@@ -10,16 +10,28 @@ The same boto3 calls work against AWS Lambda and against the local endpoint
 
 Names are imported lazily.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "make_lambda_client": "client", "invoke_reward": "client", "ainvoke_reward": "client", "parse_report": "client",
-    "InvokeStats": "client", "RewardError": "client", "RewardFunctionError": "client", "RewardUnavailable": "client",
+    "make_lambda_client": "client",
+    "invoke_reward": "client",
+    "ainvoke_reward": "client",
+    "parse_report": "client",
+    "InvokeStats": "client",
+    "RewardError": "client",
+    "RewardFunctionError": "client",
+    "RewardUnavailable": "client",
     "TOKEN_ENV": "client",
-    "build_zip": "package", "deploy": "package", "deploy_zip": "package", "delete": "package", "handler_for": "package",
-    "reward_module": "package", "code_sha256": "package",
+    "build_zip": "package",
+    "deploy": "package",
+    "deploy_zip": "package",
+    "delete": "package",
+    "handler_for": "package",
+    "reward_module": "package",
+    "code_sha256": "package",
 }
 __all__ = list(_EXPORTS)
 

@@ -8,6 +8,7 @@ Billing/cold-start facts: the local endpoint sends ``X-Rollart-Billed-Ms``, ``X-
 and ``X-Rollart-Init-Ms``; AWS reports them only in the log, so with ``log_tail`` the REPORT line
 of ``LogType=Tail`` is parsed (the local endpoint produces the same line).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,12 @@ from rollart_dask.data.reward_value import RewardValueError, reward_value
 TOKEN_ENV = "ROLLART_LAMBDA_TOKEN"
 LOCAL_ACCESS_KEY = "rollart"
 THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException", "EC2ThrottledException"}
-REPORT_FIELDS = {"duration_ms": r"\tDuration: ([\d.]+) ms", "billed_ms": r"Billed Duration: (\d+) ms",
-                 "init_ms": r"Init Duration: ([\d.]+) ms", "max_memory_mb": r"Max Memory Used: (\d+) MB"}
+REPORT_FIELDS = {
+    "duration_ms": r"\tDuration: ([\d.]+) ms",
+    "billed_ms": r"Billed Duration: (\d+) ms",
+    "init_ms": r"Init Duration: ([\d.]+) ms",
+    "max_memory_mb": r"Max Memory Used: (\d+) MB",
+}
 
 
 class RewardError(RuntimeError):
@@ -72,8 +77,14 @@ def is_aws_endpoint(endpoint_url: str | None) -> bool:
     return host.endswith((".amazonaws.com", ".amazonaws.com.cn"))
 
 
-def make_lambda_client(endpoint_url: str | None = None, region: str = "us-east-1", timeout_s: float = 120.0,
-                       token: str | None = None, max_connections: int = 64, connect_timeout_s: float = 5.0):
+def make_lambda_client(
+    endpoint_url: str | None = None,
+    region: str = "us-east-1",
+    timeout_s: float = 120.0,
+    token: str | None = None,
+    max_connections: int = 64,
+    connect_timeout_s: float = 5.0,
+):
     """boto3's Lambda client with botocore retries off (``invoke_reward`` retries).
 
     endpoint_url=None: AWS with the standard credential chain. A local endpoint: requests are signed
@@ -84,8 +95,14 @@ def make_lambda_client(endpoint_url: str | None = None, region: str = "us-east-1
     import boto3
     from botocore.config import Config
 
-    config = Config(region_name=region, retries={"total_max_attempts": 1, "mode": "standard"}, read_timeout=timeout_s,
-                    connect_timeout=connect_timeout_s, max_pool_connections=max_connections, tcp_keepalive=True)
+    config = Config(
+        region_name=region,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        read_timeout=timeout_s,
+        connect_timeout=connect_timeout_s,
+        max_pool_connections=max_connections,
+        tcp_keepalive=True,
+    )
     session = boto3.session.Session()  # sessions are not thread-safe: one per client
     kwargs = {}
     if not is_aws_endpoint(endpoint_url):
@@ -162,8 +179,9 @@ def _attempt(client, function_name: str, payload: bytes, qualifier, log_tail: bo
         except ValueError:
             err = {"errorMessage": body[:2000].decode("utf-8", "replace")}
         err = err if isinstance(err, dict) else {"errorMessage": str(err)}
-        raise RewardFunctionError(function_name, err.get("errorType") or resp["FunctionError"], err.get("errorMessage", ""),
-                                  err.get("stackTrace"), stats)
+        raise RewardFunctionError(
+            function_name, err.get("errorType") or resp["FunctionError"], err.get("errorMessage", ""), err.get("stackTrace"), stats
+        )
     try:
         out = json.loads(body)
     except ValueError:
@@ -175,7 +193,7 @@ def _attempt(client, function_name: str, payload: bytes, qualifier, log_tail: bo
 
 
 def _delay(attempt: int, backoff: float, max_backoff: float) -> float:
-    cap = min(max_backoff, backoff * (2 ** attempt))
+    cap = min(max_backoff, backoff * (2**attempt))
     return cap / 2 + random.uniform(0, cap / 2)  # "equal jitter": spread out, never a zero wait
 
 
@@ -183,9 +201,17 @@ def _auto_tail(client, log_tail: bool | None) -> bool:
     return is_aws_endpoint(client.meta.endpoint_url) if log_tail is None else log_tail
 
 
-def invoke_reward(client, function_name: str, trajectory: dict, retries: int = 8, backoff: float = 0.05,
-                  max_backoff: float = 2.0, timeout_s: float | None = None, qualifier: str | None = None,
-                  log_tail: bool | None = None) -> tuple[dict, InvokeStats]:
+def invoke_reward(
+    client,
+    function_name: str,
+    trajectory: dict,
+    retries: int = 8,
+    backoff: float = 0.05,
+    max_backoff: float = 2.0,
+    timeout_s: float | None = None,
+    qualifier: str | None = None,
+    log_tail: bool | None = None,
+) -> tuple[dict, InvokeStats]:
     """Score one trajectory with a deployed reward function: (reward dict with 'score', InvokeStats).
 
     Retries throttles, 5xx and connection errors/timeouts up to ``retries`` times with exponential

@@ -11,6 +11,7 @@ imports (reasoning_gym for the math reward) are not bundled: on AWS add them wit
 ``extra_dirs`` (a ``pip install --target`` directory) or a layer. The zip is byte-for-byte
 reproducible, so an unchanged reward deploys as a no-op (same CodeSha256).
 """
+
 from __future__ import annotations
 
 import base64
@@ -106,8 +107,7 @@ def _holds(entries: dict, module: str) -> bool:
     return f"{base}.py" in entries or f"{base}/__init__.py" in entries
 
 
-def build_zip(reward: str, root: str | Path | None = None, include=None, extra_dirs=(),
-              max_file_bytes: int = MAX_FILE_BYTES) -> bytes:
+def build_zip(reward: str, root: str | Path | None = None, include=None, extra_dirs=(), max_file_bytes: int = MAX_FILE_BYTES) -> bytes:
     """A deployment zip (bytes) for ``reward``: this project's rewards and envs with the declarative API (or, given
     ``root``, the ``include`` packages/modules under it), a user module's code (``user_code``) plus the contents of
     each ``extra_dirs`` entry at the zip root. Checks that the reward module is inside."""
@@ -147,9 +147,20 @@ def code_sha256(zip_bytes: bytes) -> str:
     return base64.b64encode(hashlib.sha256(zip_bytes).digest()).decode()
 
 
-def deploy_zip(client, function_name: str, zip_bytes: bytes, handler: str, role_arn: str | None = None,
-               timeout: int = 30, memory: int = 512, concurrency: int | None = None, runtime: str = "python3.12",
-               environment: dict | None = None, description: str = "", wait: bool = True) -> dict:
+def deploy_zip(
+    client,
+    function_name: str,
+    zip_bytes: bytes,
+    handler: str,
+    role_arn: str | None = None,
+    timeout: int = 30,
+    memory: int = 512,
+    concurrency: int | None = None,
+    runtime: str = "python3.12",
+    environment: dict | None = None,
+    description: str = "",
+    wait: bool = True,
+) -> dict:
     """Create the function, or update its code and configuration where they differ (AWS or local).
 
     concurrency: reserved concurrency to set (None leaves it as it is). Returns
@@ -161,8 +172,15 @@ def deploy_zip(client, function_name: str, zip_bytes: bytes, handler: str, role_
             raise ValueError("role_arn is required to deploy to AWS Lambda (an IAM role the function runs as)")
         role_arn = LOCAL_ROLE
     sha = code_sha256(zip_bytes)
-    wanted = {"Handler": handler, "Runtime": runtime, "Role": role_arn, "Timeout": int(timeout), "MemorySize": int(memory),
-              "Environment": {"Variables": dict(environment or {})}, "Description": description}
+    wanted = {
+        "Handler": handler,
+        "Runtime": runtime,
+        "Role": role_arn,
+        "Timeout": int(timeout),
+        "MemorySize": int(memory),
+        "Environment": {"Variables": dict(environment or {})},
+        "Description": description,
+    }
     waiter_cfg = {"Delay": 1, "MaxAttempts": 300}
     try:
         current = client.get_function(FunctionName=function_name)["Configuration"]
@@ -195,9 +213,21 @@ def deploy_zip(client, function_name: str, zip_bytes: bytes, handler: str, role_
     return {"action": action, "function_arn": cfg.get("FunctionArn"), "code_sha256": sha, "configuration": cfg}
 
 
-def deploy(function_name: str, reward: str, client, role_arn: str | None = None, timeout: int = 30, memory: int = 512,
-           concurrency: int | None = None, runtime: str = "python3.12", environment: dict | None = None,
-           root: str | Path | None = None, include=None, extra_dirs=(), wait: bool = True) -> dict:
+def deploy(
+    function_name: str,
+    reward: str,
+    client,
+    role_arn: str | None = None,
+    timeout: int = 30,
+    memory: int = 512,
+    concurrency: int | None = None,
+    runtime: str = "python3.12",
+    environment: dict | None = None,
+    root: str | Path | None = None,
+    include=None,
+    extra_dirs=(),
+    wait: bool = True,
+) -> dict:
     """Package ``reward`` (a registry name like 'math' or a module like 'rollart_dask.rewards.reasoning') and
     create-or-update the Lambda function ``function_name`` with handler ``<module>.handler``.
     A stateful reward (its module sets ``NEEDS_ENGINE``, e.g. the judge) is refused: it needs an
@@ -209,8 +239,10 @@ def deploy(function_name: str, reward: str, client, role_arn: str | None = None,
     except ImportError:
         module = None  # build_zip names what is missing
     if getattr(module, "NEEDS_ENGINE", False):
-        raise ValueError(f"reward {reward!r} is stateful (needs an inference engine): it runs on the REWARD pool and cannot be "
-                         "deployed as a Lambda function")
+        raise ValueError(
+            f"reward {reward!r} is stateful (needs an inference engine): it runs on the REWARD pool and cannot be "
+            "deployed as a Lambda function"
+        )
     zip_bytes = build_zip(reward, root=root, include=include, extra_dirs=extra_dirs)
     handler = handler_for(reward)
     if module is not None and not callable(getattr(module, "handler", None)):  # a decorated reward: the generic handler calls it
@@ -218,9 +250,20 @@ def deploy(function_name: str, reward: str, client, role_arn: str | None = None,
 
         handler = f"{generic.__module__}.{generic.__name__}"
         environment = {**(environment or {}), TARGET_ENV: reward_target(reward)}
-    return deploy_zip(client, function_name, zip_bytes, handler, role_arn=role_arn, timeout=timeout,
-                      memory=memory, concurrency=concurrency, runtime=runtime, environment=environment,
-                      description=f"rollart reward {reward_module(reward)}", wait=wait)
+    return deploy_zip(
+        client,
+        function_name,
+        zip_bytes,
+        handler,
+        role_arn=role_arn,
+        timeout=timeout,
+        memory=memory,
+        concurrency=concurrency,
+        runtime=runtime,
+        environment=environment,
+        description=f"rollart reward {reward_module(reward)}",
+        wait=wait,
+    )
 
 
 def delete(function_name: str, client, missing_ok: bool = True) -> bool:

@@ -6,6 +6,7 @@ bucket is packed as safetensors and carries its sha256. Pullers verify every buc
 a byte of it reaches an engine, so a torn or mixed-up transfer is an error, never a model
 silently built from two versions.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,10 @@ def check_finite(state: dict, what: str) -> None:
     """NonFiniteWeights naming the first tensors with a NaN or inf value (the EMULATED trainer's markers pass)."""
     bad = [n for n, v in state.items() if hasattr(v, "is_floating_point") and v.is_floating_point() and not bool(v.isfinite().all())]
     if bad:
-        raise NonFiniteWeights(f"{what}: {len(bad)} of {len(state)} weight tensors hold NaN or inf ({', '.join(bad[:3])}"
-                               f"{', ...' if len(bad) > 3 else ''}); they are neither published nor checkpointed")
+        raise NonFiniteWeights(
+            f"{what}: {len(bad)} of {len(state)} weight tensors hold NaN or inf ({', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}); they are neither published nor checkpointed"
+        )
 
 
 def _nbytes(value) -> int:
@@ -87,9 +90,13 @@ def verify(manifest: dict, index: int, data: bytes) -> dict:
     """The tensors of bucket ``index`` once its bytes match the manifest."""
     entry = manifest["buckets"][index]
     if len(data) != entry["nbytes"] or sha256(data) != entry["sha256"]:
-        raise WeightsIntegrityError(f"weights v{manifest['version']} bucket {index}: {len(data)} bytes with sha256 {sha256(data)[:12]}…, "
-                                    f"manifest says {entry['nbytes']} bytes, {entry['sha256'][:12]}…")
+        raise WeightsIntegrityError(
+            f"weights v{manifest['version']} bucket {index}: {len(data)} bytes with sha256 {sha256(data)[:12]}…, "
+            f"manifest says {entry['nbytes']} bytes, {entry['sha256'][:12]}…"
+        )
     tensors = unpack(data, entry["format"])
     if sorted(tensors) != sorted(entry["names"]):
-        raise WeightsIntegrityError(f"weights v{manifest['version']} bucket {index}: holds {sorted(tensors)[:3]}…, manifest lists {entry['names'][:3]}…")
+        raise WeightsIntegrityError(
+            f"weights v{manifest['version']} bucket {index}: holds {sorted(tensors)[:3]}…, manifest lists {entry['names'][:3]}…"
+        )
     return tensors

@@ -8,6 +8,7 @@ publishes or pulls (the trainer's, every engine's) sets up one client; it also l
 here is ``mooncake-transfer-engine-non-cuda`` over TCP; on GPU clusters the CUDA/RDMA wheel
 with ``protocol: rdma`` moves the same buckets without changing this code.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,10 @@ def master_binary() -> str:
     exe = Path(sys.executable).parent / "mooncake_master"
     found = str(exe) if exe.exists() else shutil.which("mooncake_master")
     if not found:
-        raise MooncakeError("weights.store=mooncake needs mooncake_master: pip install 'rollart-dask[mooncake]' "
-                            "(mooncake-transfer-engine-non-cuda on CPU machines; Debian's libibverbs1 must be installed)")
+        raise MooncakeError(
+            "weights.store=mooncake needs mooncake_master: pip install 'rollart-dask[mooncake]' "
+            "(mooncake-transfer-engine-non-cuda on CPU machines; Debian's libibverbs1 must be installed)"
+        )
     return found
 
 
@@ -62,12 +65,26 @@ class LocalMaster:
         return f"http://127.0.0.1:{self.http_port}/metadata"
 
     def _master_cmd(self) -> list[str]:
-        return [master_binary(), f"--rpc_port={self.rpc_port}", "--rpc_address=127.0.0.1", "--enable_http_metadata_server=false",
-                  "--metrics_host=127.0.0.1", f"--metrics_port={self.metrics_port}", f"--default_kv_lease_ttl={self.lease_ms}"]
+        return [
+            master_binary(),
+            f"--rpc_port={self.rpc_port}",
+            "--rpc_address=127.0.0.1",
+            "--enable_http_metadata_server=false",
+            "--metrics_host=127.0.0.1",
+            f"--metrics_port={self.metrics_port}",
+            f"--default_kv_lease_ttl={self.lease_ms}",
+        ]
 
     def start(self, timeout_s: float = 20) -> "LocalMaster":
         master = self._master_cmd()
-        metadata = [sys.executable, "-m", "mooncake.http_metadata_server", "--host=127.0.0.1", f"--port={self.http_port}", "--log-level=WARNING"]
+        metadata = [
+            sys.executable,
+            "-m",
+            "mooncake.http_metadata_server",
+            "--host=127.0.0.1",
+            f"--port={self.http_port}",
+            "--log-level=WARNING",
+        ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # their periodic metrics go to a file, never to an unread pipe
         self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL) for cmd in (master, metadata)]
@@ -78,13 +95,17 @@ class LocalMaster:
                 if proc.poll() is not None:
                     code = proc.returncode
                     self.stop()
-                    raise MooncakeError(f"{Path(cmd[0]).name if cmd is master else 'the mooncake metadata server'} exited with {code} "
-                                        f"at start; see {self.log_path}{missing_library(self.log_path)}")
+                    raise MooncakeError(
+                        f"{Path(cmd[0]).name if cmd is master else 'the mooncake metadata server'} exited with {code} "
+                        f"at start; see {self.log_path}{missing_library(self.log_path)}"
+                    )
             if all(_accepts(p) for p in (self.rpc_port, self.http_port)):
                 return self
             time.sleep(0.1)
         self.stop()
-        raise MooncakeError(f"mooncake_master did not listen on ports {self.rpc_port}/{self.http_port} within {timeout_s:.0f} s; see {self.log_path}")
+        raise MooncakeError(
+            f"mooncake_master did not listen on ports {self.rpc_port}/{self.http_port} within {timeout_s:.0f} s; see {self.log_path}"
+        )
 
     def kill_master(self) -> None:
         """The master process killed (the chaos suite): every object it knew of is gone; the metadata server stays."""
@@ -127,17 +148,28 @@ def client(spec: dict, local_hostname: str):
             try:
                 from mooncake.store import MooncakeDistributedStore
             except ImportError as e:
-                raise MooncakeError(f"weights.store=mooncake: cannot import mooncake.store ({e}); pip install 'rollart-dask[mooncake]' "
-                                    "and apt-get install libibverbs1") from e
+                raise MooncakeError(
+                    f"weights.store=mooncake: cannot import mooncake.store ({e}); pip install 'rollart-dask[mooncake]' "
+                    "and apt-get install libibverbs1"
+                ) from e
             if spec.get("log_dir"):  # the transfer engine's own log files (its errors still reach stderr)
                 os.environ.setdefault("MC_LOG_DIR", spec["log_dir"])
                 Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
             store = MooncakeDistributedStore()
-            rc = store.setup(local_hostname, spec["metadata_server"], spec["segment_mb"] << 20, spec["buffer_mb"] << 20,
-                             spec["protocol"], spec.get("device") or "", spec["master"])
+            rc = store.setup(
+                local_hostname,
+                spec["metadata_server"],
+                spec["segment_mb"] << 20,
+                spec["buffer_mb"] << 20,
+                spec["protocol"],
+                spec.get("device") or "",
+                spec["master"],
+            )
             if rc != 0:
-                raise MooncakeError(f"mooncake store setup failed (code {rc}) for master {spec['master']}, metadata {spec['metadata_server']}, "
-                                    f"host {local_hostname}, protocol {spec['protocol']}")
+                raise MooncakeError(
+                    f"mooncake store setup failed (code {rc}) for master {spec['master']}, metadata {spec['metadata_server']}, "
+                    f"host {local_hostname}, protocol {spec['protocol']}"
+                )
             _clients[key] = store
         return _clients[key]
 
@@ -169,6 +201,8 @@ def missing_library(log: Path) -> str:
     text = log.read_text(errors="replace") if log.exists() else ""
     for lib, pkg in LIBRARIES.items():
         if lib in text and "cannot open shared object file" in text:
-            return (f". {lib} is missing: install Debian's {pkg} (`sudo apt-get install {pkg}`; `make install` does it where it can), "
-                    f"or use weights.store=dask")
+            return (
+                f". {lib} is missing: install Debian's {pkg} (`sudo apt-get install {pkg}`; `make install` does it where it can), "
+                f"or use weights.store=dask"
+            )
     return ""

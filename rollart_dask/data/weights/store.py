@@ -14,6 +14,7 @@ part done before the loop needed it.
 ``weights.pull: at_update`` is the synchronous baseline: the stage tasks are sent only when the loop asks for
 the version, with generation suspended (Run.suspend), so all of the transfer is waited for.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,14 +60,24 @@ class WeightStore:
 
     def spec(self) -> dict:
         """What the workers' side needs (plain data, sent with each task)."""
-        spec = {"store": self.kind, "bucket_mb": self.cfg.bucket_mb, "keep_versions": self.cfg.keep_versions, "prefix": self.prefix,
-                "pull": self.cfg.pull}
+        spec = {
+            "store": self.kind,
+            "bucket_mb": self.cfg.bucket_mb,
+            "keep_versions": self.cfg.keep_versions,
+            "prefix": self.prefix,
+            "pull": self.cfg.pull,
+        }
         if self.kind == "mooncake":
             mc = self.cfg.mooncake
-            spec.update(master=self.master.master if self.master else mc.master,
-                        metadata_server=self.master.metadata_server if self.master else mc.metadata_server,
-                        protocol=mc.protocol, device=mc.device, segment_mb=mc.segment_mb, buffer_mb=mc.buffer_mb,
-                        log_dir=str((self.run_dir / "mooncake").resolve()) if self.master else None)
+            spec.update(
+                master=self.master.master if self.master else mc.master,
+                metadata_server=self.master.metadata_server if self.master else mc.metadata_server,
+                protocol=mc.protocol,
+                device=mc.device,
+                segment_mb=mc.segment_mb,
+                buffer_mb=mc.buffer_mb,
+                log_dir=str((self.run_dir / "mooncake").resolve()) if self.master else None,
+            )
         return spec
 
     def publish(self, version: int, engines: dict[str, str], after=None, setup: bool = False) -> None:
@@ -78,8 +89,9 @@ class WeightStore:
         if self._staging is not None and not self._staging.done() and self._staging is not self._replacing:
             raise RuntimeError(f"weights v{version} published while the previous version is still being staged")
         spec = {**self.spec(), "engine_pools": sorted(engines.values())}  # (an emulated engine times its pull by them)
-        published = self.publishing = self.d.submit_one("publish-weights", worker.trainer_publish, version, spec, after,
-                                                        pool="TRAIN", worker=self.trainer)
+        published = self.publishing = self.d.submit_one(
+            "publish-weights", worker.trainer_publish, version, spec, after, pool="TRAIN", worker=self.trainer
+        )
         buckets = None
         if self.kind == "dask":  # the buckets as one Dask result on the trainer; each engine's task fetches it peer-to-peer
             buckets = self.d.submit_one("weights-bucket", worker.trainer_buckets, version, published, pool="TRAIN", worker=self.trainer)
@@ -151,10 +163,20 @@ class WeightStore:
         results = await self._gather_staged(version, staged, engines, spec)
         rows = [r for r in results if not isinstance(r, BaseException)]
         done = time.time()
-        return {"store": self.kind, "version": version, "bytes": manifest["bytes"], "adapter": manifest.get("adapter", False),
-                "buckets": len(manifest["buckets"]), "engines": len(rows),
-                "publish_s": manifest["publish_s"], "pull_s": done - t_published, "stage_s": max((r["stage_s"] for r in rows), default=0.0),
-                "transfer_s": done - t0, "setup": setup, "_window": (t0, done)}
+        return {
+            "store": self.kind,
+            "version": version,
+            "bytes": manifest["bytes"],
+            "adapter": manifest.get("adapter", False),
+            "buckets": len(manifest["buckets"]),
+            "engines": len(rows),
+            "publish_s": manifest["publish_s"],
+            "pull_s": done - t_published,
+            "stage_s": max((r["stage_s"] for r in rows), default=0.0),
+            "transfer_s": done - t0,
+            "setup": setup,
+            "_window": (t0, done),
+        }
 
     async def _gather_staged(self, version: int, staged: dict, engines: dict, spec: dict, tries: int = 3) -> list:
         """Every engine's stage answer (a lost engine's: its error). With Mooncake, stages that found no bucket (the master
@@ -191,8 +213,10 @@ class WeightStore:
                 row = await asyncio.wait_for(asyncio.shield(staging), self.cfg.timeout_s)
                 break
             except asyncio.TimeoutError:
-                raise TimeoutError(f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
-                                   f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)") from None
+                raise TimeoutError(
+                    f"weights were not staged on every engine within weights.timeout_s={self.cfg.timeout_s:.0f} s "
+                    f"(store {self.kind}; a lost engine or trainer worker, or a transfer slower than that)"
+                ) from None
             except (Exception, asyncio.CancelledError) as e:
                 if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
                     raise  # the run stops
@@ -216,10 +240,19 @@ class WeightStore:
             return {"store": self.kind, "transfers": 0}
         mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
         transfer, waited = mean("transfer_s"), mean("waited_s")
-        return {"store": self.kind, "transfers": len(rows), "bytes": rows[-1]["bytes"], "adapter": rows[-1]["adapter"],
-                "buckets": rows[-1]["buckets"], "engines": rows[-1]["engines"],
-                "publish_s": mean("publish_s"), "pull_s": mean("pull_s"), "transfer_s": transfer, "waited_s": waited,
-                "hidden_fraction": max(0.0, 1 - waited / transfer) if transfer > 0 else 0.0}
+        return {
+            "store": self.kind,
+            "transfers": len(rows),
+            "bytes": rows[-1]["bytes"],
+            "adapter": rows[-1]["adapter"],
+            "buckets": rows[-1]["buckets"],
+            "engines": rows[-1]["engines"],
+            "publish_s": mean("publish_s"),
+            "pull_s": mean("pull_s"),
+            "transfer_s": transfer,
+            "waited_s": waited,
+            "hidden_fraction": max(0.0, 1 - waited / transfer) if transfer > 0 else 0.0,
+        }
 
     async def close(self) -> None:
         """Idempotent: the run's stop and, after a failed set-up, its caller both call it."""
@@ -240,6 +273,7 @@ class WeightStore:
 
 def _chain(source: asyncio.Future, target: asyncio.Future) -> None:
     """``target`` ends as ``source`` does; cancelling ``target`` cancels ``source``."""
+
     def copy(f: asyncio.Future) -> None:
         if target.done():
             return

@@ -5,6 +5,7 @@ until the bucket tasks hand them to Dask, and an engine keeps the weights it pul
 the next Update swaps them in. Pulls never touch the engine: it goes on generating with the
 version it has.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,10 @@ def trainer_publish(version: int, spec: dict, _after=None) -> dict:
         too_big = [e for e in manifest["buckets"] if e["nbytes"] >= spec["buffer_mb"] << 20]
         if too_big:  # one tensor larger than a bucket gets its own, and the transfer buffer must hold it
             e = too_big[0]
-            raise ValueError(f"weights.mooncake.buffer_mb={spec['buffer_mb']} is too small for tensor {e['names'][0]} "
-                             f"({e['nbytes'] / 2**20:.0f} MiB in one bucket): raise buffer_mb above it")
+            raise ValueError(
+                f"weights.mooncake.buffer_mb={spec['buffer_mb']} is too small for tensor {e['names'][0]} "
+                f"({e['nbytes'] / 2**20:.0f} MiB in one bucket): raise buffer_mb above it"
+            )
         store = _mooncake(spec)
         _keys[version], _blobs[version] = _put(store, spec, version, blobs), list(blobs)
         for old in [v for v in _keys if v <= version - spec["keep_versions"]]:
@@ -69,9 +72,11 @@ def _put(store, spec: dict, version: int, blobs: list[bytes]) -> list[str]:
         deadline = time.monotonic() + PUT_RETRY_S
         while (rc := store.put(key, data)) != 0:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"mooncake put of {key} ({len(data) >> 20} MiB) failed with code {rc} for {PUT_RETRY_S:.0f} s: the master "
-                                   f"does not answer, or the store is full (weights.mooncake.segment_mb={spec['segment_mb']} per "
-                                   f"process, {spec['keep_versions']} versions kept)")
+                raise RuntimeError(
+                    f"mooncake put of {key} ({len(data) >> 20} MiB) failed with code {rc} for {PUT_RETRY_S:.0f} s: the master "
+                    f"does not answer, or the store is full (weights.mooncake.segment_mb={spec['segment_mb']} per "
+                    f"process, {spec['keep_versions']} versions kept)"
+                )
             time.sleep(0.5)
     return keys
 

@@ -3,6 +3,7 @@ EMULATED workload file before any figure is measured (flows/ablations/workloads/
 facts, their targets and how each is computed). Pure computation — the hardware roofline, the injected latency
 and failure specs, the ideal step — no cluster, so a workload edit is checked in seconds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,9 +59,15 @@ def affinity(cfg: FlowConfig, expected: dict[str, str]) -> list[Fact]:
         alone = {g: generation_latency(w, model, Pool(GPUS[g], gpus)) for g in GPUS}
         other = next(g for g in GPUS if g != gpu)
         holds = load[gpu] < load[other] and alone[gpu] < alone[other]
-        out.append(Fact("Fig. 4", f"{task} generates faster on {gpu} than on {other}",
-                        f"{other}/{gpu} time: {load[other] / load[gpu]:.2f}× at load, {alone[other] / alone[gpu]:.2f}× alone",
-                        holds, {"at_load_s": load, "alone_s": alone}))
+        out.append(
+            Fact(
+                "Fig. 4",
+                f"{task} generates faster on {gpu} than on {other}",
+                f"{other}/{gpu} time: {load[other] / load[gpu]:.2f}× at load, {alone[other] / alone[gpu]:.2f}× alone",
+                holds,
+                {"at_load_s": load, "alone_s": alone},
+            )
+        )
     return out
 
 
@@ -81,11 +88,16 @@ def env_tails(cfg: FlowConfig, facts: dict, n: int = 20000) -> Fact:
     tail = min(ratios) if ratios else 0.0
     reset_p99 = max(q["reset"][1] for q in per_task.values())
     holds = tail >= facts["tail_over_median_min"] and reset_p99 >= facts["reset_p99_s_min"]
-    shown = "; ".join(f"{k} reset {q['reset'][0]:.0f}/{q['reset'][1]:.0f} s, step {q['step'][0]:.1f}/{q['step'][1]:.0f} s"
-                      for k, q in per_task.items())
-    return Fact("Fig. 5", f"p99 ≥ {facts['tail_over_median_min']}× p50 for every injected call; slowest reset p99 ≥ "
-                          f"{facts['reset_p99_s_min']} s", f"p50/p99: {shown}; smallest p99/p50 {tail:.1f}, reset p99 {reset_p99:.0f} s",
-                holds, {"per_task": per_task, "smallest_tail_ratio": tail, "reset_p99_s": reset_p99})
+    shown = "; ".join(
+        f"{k} reset {q['reset'][0]:.0f}/{q['reset'][1]:.0f} s, step {q['step'][0]:.1f}/{q['step'][1]:.0f} s" for k, q in per_task.items()
+    )
+    return Fact(
+        "Fig. 5",
+        f"p99 ≥ {facts['tail_over_median_min']}× p50 for every injected call; slowest reset p99 ≥ {facts['reset_p99_s_min']} s",
+        f"p50/p99: {shown}; smallest p99/p50 {tail:.1f}, reset p99 {reset_p99:.0f} s",
+        holds,
+        {"per_task": per_task, "smallest_tail_ratio": tail, "reset_p99_s": reset_p99},
+    )
 
 
 def _within(value: float, target: dict) -> bool:
@@ -101,13 +113,23 @@ def failures(facts_path: Path, facts: dict, workload: dict) -> list[Fact]:
     ratio = bad.step_s / ok.step_s
     share = bad.terms["reset_wave_s"] / bad.terms["makespan_s"]
     t = facts["step_ratio"], facts["reset_share"]
-    return [Fact("Fig. 3", f"step with failures / without = {t[0]['paper']} ± {t[0]['tolerance']} (513.3 s / 365.7 s)",
-                 f"{bad.step_s:.0f} s / {ok.step_s:.0f} s = {ratio:.2f}", _within(ratio, t[0]),
-                 {"step_s": ok.step_s, "step_with_failures_s": bad.step_s, "ratio": ratio}),
-            Fact("Fig. 3", f"env.reset share of rollout with failures = {t[1]['paper']} ± {t[1]['tolerance']}",
-                 f"reset phase {bad.terms['reset_wave_s']:.0f} s of {bad.terms['makespan_s']:.0f} s = {share:.2f} "
-                 f"(without failures {ok.terms['reset_wave_s'] / ok.terms['makespan_s']:.2f})", _within(share, t[1]),
-                 {"reset_share": share, "reset_share_without_failures": ok.terms["reset_wave_s"] / ok.terms["makespan_s"]})]
+    return [
+        Fact(
+            "Fig. 3",
+            f"step with failures / without = {t[0]['paper']} ± {t[0]['tolerance']} (513.3 s / 365.7 s)",
+            f"{bad.step_s:.0f} s / {ok.step_s:.0f} s = {ratio:.2f}",
+            _within(ratio, t[0]),
+            {"step_s": ok.step_s, "step_with_failures_s": bad.step_s, "ratio": ratio},
+        ),
+        Fact(
+            "Fig. 3",
+            f"env.reset share of rollout with failures = {t[1]['paper']} ± {t[1]['tolerance']}",
+            f"reset phase {bad.terms['reset_wave_s']:.0f} s of {bad.terms['makespan_s']:.0f} s = {share:.2f} "
+            f"(without failures {ok.terms['reset_wave_s'] / ok.terms['makespan_s']:.2f})",
+            _within(share, t[1]),
+            {"reset_share": share, "reset_share_without_failures": ok.terms["reset_wave_s"] / ok.terms["makespan_s"]},
+        ),
+    ]
 
 
 def reward_gpu(facts_path: Path, facts: dict, workload: dict) -> Fact:
@@ -118,9 +140,13 @@ def reward_gpu(facts_path: Path, facts: dict, workload: dict) -> Fact:
     reward_s = sum(t.n * t.reward_s for t in task_loads(cfg))
     hosts = max(1, sum(1 for w in cfg.cluster.workers if "REWARD" in w.pools))
     busy = reward_s / (ideal.step_s * hosts)
-    return Fact("Fig. 6", f"dedicated reward GPU busy {facts['busy']['paper']:.1%} ± {facts['busy']['tolerance']:.1%} of a step",
-                f"{reward_s:.0f} reward-s per {ideal.step_s:.0f} s step on {hosts} GPU: {busy:.1%}", _within(busy, facts["busy"]),
-                {"reward_s_per_step": reward_s, "step_s": ideal.step_s, "busy": busy})
+    return Fact(
+        "Fig. 6",
+        f"dedicated reward GPU busy {facts['busy']['paper']:.1%} ± {facts['busy']['tolerance']:.1%} of a step",
+        f"{reward_s:.0f} reward-s per {ideal.step_s:.0f} s step on {hosts} GPU: {busy:.1%}",
+        _within(busy, facts["busy"]),
+        {"reward_s_per_step": reward_s, "step_s": ideal.step_s, "busy": busy},
+    )
 
 
 def _ideal(cfg: FlowConfig):
@@ -134,8 +160,12 @@ def calibrate(facts_path: str | Path = FACTS) -> list[Fact]:
         raise FlowError(f"calibration facts {facts_path} not found")
     facts = yaml.safe_load(facts_path.read_text())
     cfg = _flow(facts_path, facts, [])
-    return [*affinity(cfg, facts["fig4_affinity"]), env_tails(cfg, facts["fig5_env_tails"]),
-            *failures(facts_path, facts["fig3_failures"], facts), reward_gpu(facts_path, facts["fig6_reward_gpu"], facts)]
+    return [
+        *affinity(cfg, facts["fig4_affinity"]),
+        env_tails(cfg, facts["fig5_env_tails"]),
+        *failures(facts_path, facts["fig3_failures"], facts),
+        reward_gpu(facts_path, facts["fig6_reward_gpu"], facts),
+    ]
 
 
 def print_facts(facts: list[Fact]) -> None:

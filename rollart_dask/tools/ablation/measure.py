@@ -1,5 +1,6 @@
 """Run an ablation's variants one after the other (each on a fresh embedded cluster), measure
 each from its metrics, compute each one's ideal, and write the report."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,14 +35,24 @@ def summarise(rows: list[dict], scale: float, warmup: int) -> dict:
     util = [r["reward"]["utilisation"] for r in window[1:] if r.get("reward", {}).get("utilisation") is not None]
     paid = [r["reward"]["paid_utilisation"] for r in window[1:] if r.get("reward", {}).get("paid_utilisation") is not None]
     busy = {p: statistics.mean(r["pool_busy"].get(p, 0.0) for r in window[1:]) for p in ("H800", "H20", "TRAIN")}
-    return {"step_s": step_s, "throughput": trajs / step_s, "rollout_s": statistics.mean(rollout) if rollout else None,
-            "reward_utilisation": statistics.mean(util) if util else None,
-            "reward_paid_utilisation": statistics.mean(paid) if paid else None, "steps_measured": len(gaps),
-            "step_s_min": min(gaps), "step_s_max": max(gaps), "pool_busy": busy, "trained_mix": _mix(window[1:]),
-            "aborted": sum(v for k, v in steps[-1]["buffer"].items() if "abort" in k or "stale" in k or "redundant" in k),
-            "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0), "call_overhead_ms": _overhead(window[1:]),
-            "launched_mix": steps[-1].get("mix", {}).get("launched"), "mix_shift_pp": steps[-1].get("mix", {}).get("shift_pp"),
-            "call_service_ms": _overhead(window[1:], inside_only=True)}
+    return {
+        "step_s": step_s,
+        "throughput": trajs / step_s,
+        "rollout_s": statistics.mean(rollout) if rollout else None,
+        "reward_utilisation": statistics.mean(util) if util else None,
+        "reward_paid_utilisation": statistics.mean(paid) if paid else None,
+        "steps_measured": len(gaps),
+        "step_s_min": min(gaps),
+        "step_s_max": max(gaps),
+        "pool_busy": busy,
+        "trained_mix": _mix(window[1:]),
+        "aborted": sum(v for k, v in steps[-1]["buffer"].items() if "abort" in k or "stale" in k or "redundant" in k),
+        "groups_dropped": steps[-1]["buffer"].get("groups_dropped", 0),
+        "call_overhead_ms": _overhead(window[1:]),
+        "launched_mix": steps[-1].get("mix", {}).get("launched"),
+        "mix_shift_pp": steps[-1].get("mix", {}).get("shift_pp"),
+        "call_service_ms": _overhead(window[1:], inside_only=True),
+    }
 
 
 def _overhead(steps: list[dict], inside_only: bool = False) -> dict[str, float]:
@@ -73,8 +84,14 @@ def ideal_of(cfg: FlowConfig) -> dict:
 
     ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg), batches=launched_batches(cfg))  # the measured run's task sequence
     n = ideal.terms["trajectories_per_step"]
-    return {"step_s": ideal.step_s, "throughput": n / ideal.step_s, "binding": ideal.binding, "step_sd_s": ideal.terms["step_sd_s"],
-            "rollout_s": ideal.terms["trajectory_latency_mean_s"], "terms": ideal.terms}  # launch → reward, alone
+    return {
+        "step_s": ideal.step_s,
+        "throughput": n / ideal.step_s,
+        "binding": ideal.binding,
+        "step_sd_s": ideal.terms["step_sd_s"],
+        "rollout_s": ideal.terms["trajectory_latency_mean_s"],
+        "terms": ideal.terms,
+    }  # launch → reward, alone
 
 
 SIM_SEEDS = 4
@@ -94,12 +111,19 @@ def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
         for k, v in r.held_mix.items():
             held[k] = held.get(k, 0.0) + v / len(runs)
     rollout = [r.rollout_s for r in runs if r.rollout_s is not None]
-    return {"step_s": statistics.mean(r.step_s for r in runs), "step_sd_s": statistics.pstdev(r.step_s for r in runs),
-            "throughput": statistics.mean(r.throughput for r in runs), "rollout_s": statistics.mean(rollout) if rollout else None,
-            "trained_mix": mix, "held_mix": held, "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k)
-                                                           for r in runs),
-            "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs), "seeds": seeds,
-            "mix_shift_pp": statistics.mean(r.mix_shift_pp for r in runs), "length_shift_pp": statistics.mean(r.length_shift_pp for r in runs)}
+    return {
+        "step_s": statistics.mean(r.step_s for r in runs),
+        "step_sd_s": statistics.pstdev(r.step_s for r in runs),
+        "throughput": statistics.mean(r.throughput for r in runs),
+        "rollout_s": statistics.mean(rollout) if rollout else None,
+        "trained_mix": mix,
+        "held_mix": held,
+        "aborted": statistics.mean(sum(v for k, v in r.counts.items() if "stale" in k or "redundant" in k) for r in runs),
+        "groups_dropped": statistics.mean(r.counts.get("groups_dropped", 0) for r in runs),
+        "seeds": seeds,
+        "mix_shift_pp": statistics.mean(r.mix_shift_pp for r in runs),
+        "length_shift_pp": statistics.mean(r.length_shift_pp for r in runs),
+    }
 
 
 def cost_of(cfg: FlowConfig, measured: dict, ideal: dict) -> dict:
@@ -108,8 +132,10 @@ def cost_of(cfg: FlowConfig, measured: dict, ideal: dict) -> dict:
     from rollart_dask.tools.emulation.flow_ideal import task_loads
 
     reward_s = sum(t.share * t.reward_s for t in task_loads(cfg))  # per trajectory, at the launched mix
-    return {k: step_cost(cfg, engine_workers(cfg), x["step_s"], x["throughput"] * x["step_s"], reward_s)
-            for k, x in (("measured", measured), ("ideal", ideal))}
+    return {
+        k: step_cost(cfg, engine_workers(cfg), x["step_s"], x["throughput"] * x["step_s"], reward_s)
+        for k, x in (("measured", measured), ("ideal", ideal))
+    }
 
 
 def variant_flow(spec: AblationSpec, path: Path, name: str, quick: bool, tiny: bool, extra: list[str]) -> FlowConfig:
@@ -128,7 +154,9 @@ def variant_flow(spec: AblationSpec, path: Path, name: str, quick: bool, tiny: b
         data["tasks"] = [t for t in data["tasks"] if t["name"] in spec.tasks]
     cfg = load_flow(data=data, overrides=overrides)
     if not cfg.emulated:
-        raise FlowError(f"{path}: variant {name!r} is not emulated (engine.backend={cfg.engine.backend}); ablations run on emulated hardware")
+        raise FlowError(
+            f"{path}: variant {name!r} is not emulated (engine.backend={cfg.engine.backend}); ablations run on emulated hardware"
+        )
     return cfg
 
 
@@ -151,12 +179,21 @@ def _run_blocking(cfg: FlowConfig, out: Path) -> dict:
         return pool.submit(lambda: asyncio.run(_run_variant(cfg, out))).result()
 
 
-def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False, tiny: bool = False, extra: list[str] | None = None,
-                 report_only: bool = False) -> list[dict]:
+def run_ablation(
+    spec: AblationSpec,
+    path: Path,
+    out: Path,
+    quick: bool = False,
+    tiny: bool = False,
+    extra: list[str] | None = None,
+    report_only: bool = False,
+) -> list[dict]:
     """Every variant, measured and beside its ideal; writes results.csv/.md/.png under ``out``. ``report_only``: the
     variants' runs already under ``out`` are reported again — ideal, simulation and cost recomputed — and none is run."""
     out.mkdir(parents=True, exist_ok=True)
-    before = {r["variant"]: r for r in json.loads((out / "results.json").read_text())} if report_only and (out / "results.json").exists() else {}
+    before = (
+        {r["variant"]: r for r in json.loads((out / "results.json").read_text())} if report_only and (out / "results.json").exists() else {}
+    )
     results = []
     for v in spec.variants:
         cfg = variant_flow(spec, path, v.name, quick, tiny, list(extra or []))
@@ -164,20 +201,35 @@ def run_ablation(spec: AblationSpec, path: Path, out: Path, quick: bool = False,
         t0 = time.monotonic()
         if report_only:
             if not (run_dir / "metrics.jsonl").exists():
-                raise FlowError(f"--report-only: no run of variant {v.name!r} under {run_dir} (run the ablation first, with the same --out)")
+                raise FlowError(
+                    f"--report-only: no run of variant {v.name!r} under {run_dir} (run the ablation first, with the same --out)"
+                )
         else:
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh measurement, never appended to an old one
-            console.print(f"[bold]{spec.figure} — {v.name}[/bold] ({' '.join(v.set) or 'base'}): {cfg.trainer.steps} steps, "
-                          f"time_scale {cfg.emulation.time_scale} [yellow](EMULATED hardware)[/yellow]")
+            console.print(
+                f"[bold]{spec.figure} — {v.name}[/bold] ({' '.join(v.set) or 'base'}): {cfg.trainer.steps} steps, "
+                f"time_scale {cfg.emulation.time_scale} [yellow](EMULATED hardware)[/yellow]"
+            )
             _run_blocking(cfg, run_dir)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         measured = summarise(rows, cfg.emulation.time_scale, spec.warmup_steps)
         ideal = ideal_of(cfg)
         simulated = simulated_of(cfg, spec.warmup_steps)
-        results.append({"variant": v.name, "set": v.set, "measured": measured, "ideal": ideal, "simulated": simulated,
-                        "cost": cost_of(cfg, measured, ideal),
-                        "wall_s": before.get(v.name, {}).get("wall_s") if report_only else time.monotonic() - t0,
-                        "time_scale": cfg.emulation.time_scale, "mode": cfg.rollout.mode, "alpha": cfg.rollout.alpha, "level": cfg.rollout.level})
+        results.append(
+            {
+                "variant": v.name,
+                "set": v.set,
+                "measured": measured,
+                "ideal": ideal,
+                "simulated": simulated,
+                "cost": cost_of(cfg, measured, ideal),
+                "wall_s": before.get(v.name, {}).get("wall_s") if report_only else time.monotonic() - t0,
+                "time_scale": cfg.emulation.time_scale,
+                "mode": cfg.rollout.mode,
+                "alpha": cfg.rollout.alpha,
+                "level": cfg.rollout.level,
+            }
+        )
         label, unit, _ = METRICS[spec.metric]
         m, i = measured[spec.metric], ideal.get(spec.metric)
         console.print(f"  {label}: {m:.3g} {unit}" + (f" (ideal {i:.3g}, fraction {fraction(spec.metric, m, i):.2f})" if i else ""))

@@ -1,4 +1,5 @@
 """An ablation's report: results.csv, results.md (paper beside ours beside the ideal) and results.png."""
+
 from __future__ import annotations
 
 import csv
@@ -86,50 +87,83 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
         w.writerows(rows)
     label, unit, _ = METRICS[spec.metric]
     ratio = "value" if _is_value(spec.metric) else "speed-up vs baseline"
-    lines = [f"### {spec.figure}: {spec.title} (EMULATED hardware)", "",
-             f"Metric: {label} ({unit}), measured over {rows[0]['steps_measured']} steps after {spec.warmup_steps} warm-up steps, "
-             f"time scale {rows[0]['time_scale']}.", "",
-             f"| variant | ours | simulated | ideal | ours / ideal | ours / simulated (runtime) | simulated / ideal (policy) "
-             f"| ours, {ratio} | ideal, {ratio} | paper, {ratio} | baseline | ideal bound "
-             f"| aborted / groups dropped | trained task mix (simulated) | launched mix | mix shift, pp (simulated) "
-             f"| cost per step / per trajectory (ideal) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {spec.figure}: {spec.title} (EMULATED hardware)",
+        "",
+        f"Metric: {label} ({unit}), measured over {rows[0]['steps_measured']} steps after {spec.warmup_steps} warm-up steps, "
+        f"time scale {rows[0]['time_scale']}.",
+        "",
+        f"| variant | ours | simulated | ideal | ours / ideal | ours / simulated (runtime) | simulated / ideal (policy) "
+        f"| ours, {ratio} | ideal, {ratio} | paper, {ratio} | baseline | ideal bound "
+        f"| aborted / groups dropped | trained task mix (simulated) | launched mix | mix shift, pp (simulated) "
+        f"| cost per step / per trajectory (ideal) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['simulated'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} "
-                     f"| {_fmt(r['fraction_of_simulated'])} | {_fmt(r['simulated_fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
-                     f"| {_fmt(r['ideal_vs_baseline'])} | {_fmt(r['paper_vs_baseline'])} | {r['baseline']} | {r['binding']} "
-                     f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} ({r['simulated_mix']}) "
-                     f"| {r['launched_mix'] or '—'} | {_fmt(r['mix_shift_pp'])} ({_fmt(r['simulated_mix_shift_pp'])}) "
-                     f"| {_fmt(r['cost_per_step'])} / {_fmt(r['cost_per_trajectory'])} ({_fmt(r['ideal_cost_per_trajectory'])}) |")
-    lines += ["", "Mix shift: the largest gap, in percentage points, between a task's share of the groups launched and of "
-              "those trained, since the start (warm-up included), as the last batch was taken (rollout.fairness=task keeps it "
-              "within about one group). Length shift (simulated: only the simulation knows the length of an aborted "
-              "trajectory): within each task, the largest gap between the trained trajectories' share in a quartile of the "
-              "launched trajectories' lengths and 25%: " + ", ".join(f"{r['variant']} {_fmt(r['simulated_length_shift_pp'])} pp"
-                                                                         for r in rows) + "."]
-    lines += ["", "Simulated: the same policy (admission, staleness bound, redundancy, protocol; the real SampleBuffer) in a "
-              "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/tools/emulation/"
-              "simulate.py), mean of its seeds. Ours / simulated is what the runtime keeps of what its policy can reach; "
-              "simulated / ideal is what the policy reaches of the bound."]
-    lines += ["", "Cost: normalised GPU-hours (H20 = 1.00, H800 = 2.85 per GPU-hour, the paper's table) of everything the variant "
-              "holds for a step — generation pools, trainer, a dedicated reward GPU when rewards are local, env hosts — plus "
-              "serverless rewards' billed seconds; CPU and serverless priced through public price lists "
-              "(rollart_dask/tools/emulation/cost.py, each price with its source)."]
-    lines += ["", "Ideal step time ± two standard errors of a mean over the measured steps (heavy env tails make short "
-              "measurements land on either side of the ideal by luck): " + ", ".join(
-                  f"{r['variant']} {_fmt(next(x['ideal']['step_s'] for x in results if x['variant'] == r['variant']))} ± "
-                  f"{_fmt(r['ideal_step_noise_s'])} s" for r in rows)]
-    lines += ["", "Which tasks each variant trains and which hold its admission (groups open, time-averaged, simulated); for "
-              "eager admission, the mix its bound can train (groups that fit their staleness window at the ideal step):"]
-    lines += [f"- {r['variant']}: trained {r['trained_mix'] or '—'} (simulated {r['simulated_mix'] or '—'}); admission held by "
-              f"{r['simulated_held_mix'] or '—'}" + (f"; trainable at the bound {r['eager_trainable_mix']}" if r["eager_trainable_mix"] else "")
-              for r in rows]
+        lines.append(
+            f"| {r['variant']} | {_fmt(r['ours'])} | {_fmt(r['simulated'])} | {_fmt(r['ideal'])} | {_fmt(r['fraction_of_ideal'])} "
+            f"| {_fmt(r['fraction_of_simulated'])} | {_fmt(r['simulated_fraction_of_ideal'])} | {_fmt(r['ours_vs_baseline'])} "
+            f"| {_fmt(r['ideal_vs_baseline'])} | {_fmt(r['paper_vs_baseline'])} | {r['baseline']} | {r['binding']} "
+            f"| {_fmt(r['aborted'])} / {_fmt(r['groups_dropped'])} | {r['trained_mix']} ({r['simulated_mix']}) "
+            f"| {r['launched_mix'] or '—'} | {_fmt(r['mix_shift_pp'])} ({_fmt(r['simulated_mix_shift_pp'])}) "
+            f"| {_fmt(r['cost_per_step'])} / {_fmt(r['cost_per_trajectory'])} ({_fmt(r['ideal_cost_per_trajectory'])}) |"
+        )
+    lines += [
+        "",
+        "Mix shift: the largest gap, in percentage points, between a task's share of the groups launched and of "
+        "those trained, since the start (warm-up included), as the last batch was taken (rollout.fairness=task keeps it "
+        "within about one group). Length shift (simulated: only the simulation knows the length of an aborted "
+        "trajectory): within each task, the largest gap between the trained trajectories' share in a quartile of the "
+        "launched trajectories' lengths and 25%: "
+        + ", ".join(f"{r['variant']} {_fmt(r['simulated_length_shift_pp'])} pp" for r in rows)
+        + ".",
+    ]
+    lines += [
+        "",
+        "Simulated: the same policy (admission, staleness bound, redundancy, protocol; the real SampleBuffer) in a "
+        "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/tools/emulation/"
+        "simulate.py), mean of its seeds. Ours / simulated is what the runtime keeps of what its policy can reach; "
+        "simulated / ideal is what the policy reaches of the bound.",
+    ]
+    lines += [
+        "",
+        "Cost: normalised GPU-hours (H20 = 1.00, H800 = 2.85 per GPU-hour, the paper's table) of everything the variant "
+        "holds for a step — generation pools, trainer, a dedicated reward GPU when rewards are local, env hosts — plus "
+        "serverless rewards' billed seconds; CPU and serverless priced through public price lists "
+        "(rollart_dask/tools/emulation/cost.py, each price with its source).",
+    ]
+    lines += [
+        "",
+        "Ideal step time ± two standard errors of a mean over the measured steps (heavy env tails make short "
+        "measurements land on either side of the ideal by luck): "
+        + ", ".join(
+            f"{r['variant']} {_fmt(next(x['ideal']['step_s'] for x in results if x['variant'] == r['variant']))} ± "
+            f"{_fmt(r['ideal_step_noise_s'])} s"
+            for r in rows
+        ),
+    ]
+    lines += [
+        "",
+        "Which tasks each variant trains and which hold its admission (groups open, time-averaged, simulated); for "
+        "eager admission, the mix its bound can train (groups that fit their staleness window at the ideal step):",
+    ]
+    lines += [
+        f"- {r['variant']}: trained {r['trained_mix'] or '—'} (simulated {r['simulated_mix'] or '—'}); admission held by "
+        f"{r['simulated_held_mix'] or '—'}" + (f"; trainable at the bound {r['eager_trainable_mix']}" if r["eager_trainable_mix"] else "")
+        for r in rows
+    ]
     for metric in spec.also:
-        lines += ["", f"Also: {METRICS[metric][0]} ({METRICS[metric][1]}): " + ", ".join(
-            f"{r['variant']} {_fmt(r[f'ours {metric}'])} (ideal {_fmt(r[f'ideal {metric}'])})" for r in rows)]
-    lines += ["", "Where the time beyond the ideal goes (measured): per call, wall ms the caller waited beyond the call's own "
-              "time inside its service, and that per turn in emulated seconds (÷ time scale); stale aborts and dropped groups "
-              "are in the table."]
+        lines += [
+            "",
+            f"Also: {METRICS[metric][0]} ({METRICS[metric][1]}): "
+            + ", ".join(f"{r['variant']} {_fmt(r[f'ours {metric}'])} (ideal {_fmt(r[f'ideal {metric}'])})" for r in rows),
+        ]
+    lines += [
+        "",
+        "Where the time beyond the ideal goes (measured): per call, wall ms the caller waited beyond the call's own "
+        "time inside its service, and that per turn in emulated seconds (÷ time scale); stale aborts and dropped groups "
+        "are in the table.",
+    ]
     for r in results:
         o = r["measured"].get("call_overhead_ms") or {}
         turn = (o.get("generate", 0.0) + o.get("env-step", 0.0)) / 1000 / r["time_scale"] if r["time_scale"] else 0.0
@@ -169,7 +203,9 @@ def _plot(spec: AblationSpec, rows: list[dict], path: Path) -> None:
     b.set_title("ours vs ideal vs paper")
     # what each variant's speed is bought with: how far what it trained is from what it launched
     c.bar([i - 0.2 for i in x], [r["mix_shift_pp"] or 0 for r in rows], 0.4, label="task mix shift (ours)", color="tab:red")
-    c.bar([i + 0.2 for i in x], [r["simulated_length_shift_pp"] or 0 for r in rows], 0.4, label="length shift (simulated)", color="tab:purple")
+    c.bar(
+        [i + 0.2 for i in x], [r["simulated_length_shift_pp"] or 0 for r in rows], 0.4, label="length shift (simulated)", color="tab:purple"
+    )
     c.set_xticks(list(x), names, rotation=20)
     c.set_ylabel("trained vs launched (percentage points)")
     c.legend()

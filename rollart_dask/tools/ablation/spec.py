@@ -1,4 +1,5 @@
 """Ablation files: which flow, which variants, which metric, and what the paper reports."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,11 @@ METRICS = {
     "throughput": ("trajectories per emulated second", "traj/s", True),
     "rollout_s": ("mean trajectory rollout time (launch → reward)", "emulated s", False),
     "reward_utilisation": ("reward capacity utilisation (busy / provisioned)", "fraction", True),
-    "reward_paid_utilisation": ("share of paid reward time spent scoring (local: = utilisation; serverless: handler / billed)", "fraction", True),
+    "reward_paid_utilisation": (
+        "share of paid reward time spent scoring (local: = utilisation; serverless: handler / billed)",
+        "fraction",
+        True,
+    ),
 }
 Metric = Literal["step_s", "throughput", "rollout_s", "reward_utilisation", "reward_paid_utilisation"]
 
@@ -40,15 +45,17 @@ class AblationSpec(Strict):
     flow: str = Field(description="the emulated flow, relative to this file")
     metric: Metric
     also: list[Metric] = Field(default_factory=list, description="further metrics reported")
-    baseline: str | dict[str, str] = Field(description="the variant ratios are taken against, or variant → its own baseline "
-                                                       "(variants left out are compared with themselves)")
+    baseline: str | dict[str, str] = Field(
+        description="the variant ratios are taken against, or variant → its own baseline (variants left out are compared with themselves)"
+    )
     tasks: list[str] | None = Field(None, description="keep only these tasks of the flow (default: all)")
     set: list[str] = Field(default_factory=list, description="overrides for every variant")
     quick: list[str] = Field(default_factory=list, description="overrides added by --quick")
     tiny: list[str] = Field(default_factory=list, description="overrides added by --tiny (the test suite)")
     warmup_steps: int = Field(2, ge=0, description="steps left out of the measurement (pipeline fill)")
-    paper: dict[str, float | None] = Field(default_factory=dict, description="variant → the paper's ratio against the baseline "
-                                                                             "(speed-up; for utilisation the value itself)")
+    paper: dict[str, float | None] = Field(
+        default_factory=dict, description="variant → the paper's ratio against the baseline (speed-up; for utilisation the value itself)"
+    )
     paper_note: str = Field("", description="where the paper's numbers come from and how to read them")
     variants: list[Variant]
 
@@ -76,6 +83,6 @@ def load_ablation(name_or_path: str) -> tuple[AblationSpec, Path]:
         spec = AblationSpec.model_validate(yaml.safe_load(path.read_text()))
     except ValidationError as e:
         raise FlowError(f"{path}: " + "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
-    for name in ([spec.baseline] if isinstance(spec.baseline, str) else [*spec.baseline, *spec.baseline.values()]):
+    for name in [spec.baseline] if isinstance(spec.baseline, str) else [*spec.baseline, *spec.baseline.values()]:
         spec.variant(name)
     return spec, path

@@ -4,6 +4,7 @@ The injector watches the run from its own coroutine and fires each fault of its 
 comes (scenarios.py). Worker faults are what the scheduler would see of a machine: a worker process that
 dies at once (``os._exit``), which its Nanny restarts, or for good (the Nanny is told to stand down first).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,6 +38,7 @@ def _disk_full(full: bool, dask_worker=None) -> None:
         path.mkdir(parents=True, exist_ok=True)
         (path / "model.safetensors").write_bytes(b"\0" * 4096)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path / "model.safetensors"))
+
     trainer.save_checkpoint = out_of_space
 
 
@@ -72,6 +74,7 @@ class Injector:
                 else:
                     await self._fire(entry[0], self._steps())
             return out if moment == "train" else await call(*args, **kwargs)
+
         return hooked
 
     def _steps(self) -> int:
@@ -138,8 +141,10 @@ class Injector:
     async def add_worker(self, target: str) -> None:
         name, pools = target.split(":", 1)
         cluster = self.run.cluster
-        spec = cluster_spec(ClusterConfig(listen=self.run.cfg.cluster.listen, workers=[WorkerSpec(name=name, pools=pools.split(","), nthreads=2)]),
-                            cluster.security)
+        spec = cluster_spec(
+            ClusterConfig(listen=self.run.cfg.cluster.listen, workers=[WorkerSpec(name=name, pools=pools.split(","), nthreads=2)]),
+            cluster.security,
+        )
         cluster.worker_spec[name] = spec["workers"][name]
         await compat.correct_state(cluster)
 

@@ -3,6 +3,7 @@ on a seeded schedule (faults.py), then the proof that nothing was lost — every
 outcome, none trained twice or without its reward, every batch full — and that nothing leaked: every env
 the runtime made closed exactly once, no sandbox process or container left behind.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,8 +102,11 @@ def checkpoints(out: Path) -> dict:
     dirs = [p for p in root.iterdir() if p.is_dir()] if root.exists() else []
     whole = sorted(p.name for p in dirs if p.name.startswith("step-") and (p / "trainer_state.pt").exists())
     latest = root / "latest"
-    return {"whole": whole, "partial": sorted(p.name for p in dirs if p.name not in whole),
-            "latest_whole": latest.exists() and Path(latest.read_text().strip()).name in whole}
+    return {
+        "whole": whole,
+        "partial": sorted(p.name for p in dirs if p.name not in whole),
+        "latest_whole": latest.exists() and Path(latest.read_text().strip()).name in whole,
+    }
 
 
 LIMIT_S = 900.0  # a scenario's run that has not ended by then hangs: a failed row, never a suite that waits for ever
@@ -131,13 +135,24 @@ async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: i
             raise TimeoutError(f"the run had not ended after {limit_s:.0f} s: it hangs (waiting in: {'; '.join(row['waiting_in'])})")
         result = running.result()
         rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-        row.update(completed=True, steps=result["steps"], elapsed_s=result["elapsed_s"], accounting=result["accounting"],
-                   samples_lost=lost_samples(result, rows, cfg), counts=result["counts"], checkpoints=checkpoints(out))
+        row.update(
+            completed=True,
+            steps=result["steps"],
+            elapsed_s=result["elapsed_s"],
+            accounting=result["accounting"],
+            samples_lost=lost_samples(result, rows, cfg),
+            counts=result["counts"],
+            checkpoints=checkpoints(out),
+        )
     except Exception as e:  # noqa: BLE001 - a scenario that fails is a row of the table, with its error
         row.update(completed=False, error=f"{type(e).__name__}: {e}"[:400], elapsed_s=time.monotonic() - t0)
-    row.update(faults=[f["what"] for f in injector.fired], fired_at=[(f["at_step"], f["at_s"]) for f in injector.fired],
-               inject_errors=injector.errors, envs=ends.get("envs"),
-               steps_redone=row.get("counts", {}).get("steps_redone", 0))  # replayed on a re-created trainer
+    row.update(
+        faults=[f["what"] for f in injector.fired],
+        fired_at=[(f["at_step"], f["at_s"]) for f in injector.fired],
+        inject_errors=injector.errors,
+        envs=ends.get("envs"),
+        steps_redone=row.get("counts", {}).get("steps_redone", 0),
+    )  # replayed on a re-created trainer
     if injector.pending:
         row["inject_errors"].append(f"{len(injector.pending)} fault(s) never fired: the run ended first")
     return row
@@ -179,8 +194,13 @@ def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed:
     done_before = len(steps())
     latest = out / "run" / "checkpoints" / "latest"
     if not latest.exists():
-        return {"completed": False, "error": "no checkpoint was written before the kill", "faults": [fault.describe()], "inject_errors": [],
-                "steps_redone": 0}
+        return {
+            "completed": False,
+            "error": "no checkpoint was written before the kill",
+            "faults": [fault.describe()],
+            "inject_errors": [],
+            "steps_redone": 0,
+        }
     ckpt = Path(latest.read_text().strip())
     at = int(ckpt.name.split("-")[1])
     time.sleep(1.0)  # the killed group's sockets and files go
@@ -188,18 +208,30 @@ def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed:
     remaining = cfg.trainer.steps - at
     with open(out / "resumed.log", "w") as log:
         res = subprocess.run([*cli, "--resume", "--set", f"trainer.steps={remaining}"], stdout=log, stderr=subprocess.STDOUT, timeout=1800)
-    row = {"faults": [fault.describe()], "inject_errors": [], "steps_redone": done_before - at, "elapsed_s": time.monotonic() - t0,
-           "leftover_processes": len(leftover)}
+    row = {
+        "faults": [fault.describe()],
+        "inject_errors": [],
+        "steps_redone": done_before - at,
+        "elapsed_s": time.monotonic() - t0,
+        "leftover_processes": len(leftover),
+    }
     if res.returncode != 0:
         return {**row, "completed": False, "error": f"--resume exited {res.returncode}: {(out / 'resumed.log').read_text()[-400:]}"}
     summary = json.loads((out / "run" / "summary.json").read_text())
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     final = Path(summary["checkpoint"])
     optimizer = {str(p): _adam_steps(p) for p in (ckpt, final)}
-    row.update(completed=True, steps=summary["steps"], accounting=summary["accounting"], counts=summary["counts"],
-               samples_lost=lost_samples(summary, [r for r in rows if r.get("kind") == "step" and r["version"] > at], cfg),
-               resumed_at=at, final_version=summary["last"]["version"], optimizer_steps=optimizer,
-               continued=summary["last"]["version"] == cfg.trainer.steps and optimizer[str(final)] == optimizer[str(ckpt)] + remaining)
+    row.update(
+        completed=True,
+        steps=summary["steps"],
+        accounting=summary["accounting"],
+        counts=summary["counts"],
+        samples_lost=lost_samples(summary, [r for r in rows if r.get("kind") == "step" and r["version"] > at], cfg),
+        resumed_at=at,
+        final_version=summary["last"]["version"],
+        optimizer_steps=optimizer,
+        continued=summary["last"]["version"] == cfg.trainer.steps and optimizer[str(final)] == optimizer[str(ckpt)] + remaining,
+    )
     return row
 
 
@@ -211,8 +243,9 @@ def _adam_steps(checkpoint: Path) -> int:
     return int(max(float(s["step"]) for s in state.values()))
 
 
-def run_scenario(base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0, budget: tuple[str, ...] = TINY,
-                 limit_s: float = LIMIT_S) -> dict:
+def run_scenario(
+    base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0, budget: tuple[str, ...] = TINY, limit_s: float = LIMIT_S
+) -> dict:
     cfg = scenario_flow(base, scenario, budget)
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (a run appends to an OUT's metrics)
     before = {"processes": sandbox_processes(), "containers": sandbox_containers()}
@@ -222,9 +255,14 @@ def run_scenario(base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0,
         row = asyncio.run(run_in_process(cfg, scenario, out, seed, limit_s))
     after = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     envs = row.get("envs") or {}
-    row.update(scenario=scenario.name, description=scenario.description, emulated=scenario.emulated, steps_planned=cfg.trainer.steps,
-               own_workload=scenario.own_workload,
-               leaked_envs=envs.get("open") if envs else None,
-               leaked_processes=after["processes"] - before["processes"] + row.get("leftover_processes", 0),
-               leaked_containers=None if before["containers"] is None else after["containers"] - before["containers"])
+    row.update(
+        scenario=scenario.name,
+        description=scenario.description,
+        emulated=scenario.emulated,
+        steps_planned=cfg.trainer.steps,
+        own_workload=scenario.own_workload,
+        leaked_envs=envs.get("open") if envs else None,
+        leaked_processes=after["processes"] - before["processes"] + row.get("leftover_processes", 0),
+        leaked_containers=None if before["containers"] is None else after["containers"] - before["containers"],
+    )
     return row

@@ -1,5 +1,6 @@
 """The whole suite: the baseline first (each slowdown is against it), then every scenario, one fresh run
 each; results.json and the table (``rich`` for the terminal, Markdown for the README)."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,20 @@ from rollart_dask.config import FlowConfig
 from rollart_dask.tools.chaos.runner import TINY, run_scenario
 from rollart_dask.tools.chaos.scenarios import Scenario
 
-COLUMNS = ("scenario", "faults injected", "run completed", "samples lost", "steps redone", "slowdown", "leaked envs / processes / containers")
+COLUMNS = (
+    "scenario",
+    "faults injected",
+    "run completed",
+    "samples lost",
+    "steps redone",
+    "slowdown",
+    "leaked envs / processes / containers",
+)
 
 
-def run_suite(base: FlowConfig, scenarios: list[Scenario], out: Path, seed: int = 0, budget: tuple[str, ...] = TINY, echo=print) -> list[dict]:
+def run_suite(
+    base: FlowConfig, scenarios: list[Scenario], out: Path, seed: int = 0, budget: tuple[str, ...] = TINY, echo=print
+) -> list[dict]:
     rows = []
     for i, scenario in enumerate(scenarios):
         echo(f"chaos [{i + 1}/{len(scenarios)}] {scenario.name}: {scenario.description}")
@@ -35,7 +46,9 @@ def cells(row: dict, baseline: dict) -> list[str]:
     slow = f"{slowdown(row, baseline):.2f}×" if row.get("completed") and baseline.get("completed") else "–"
     if row.get("own_workload"):
         slow = "– (another task)"
-    leaks = " / ".join("–" if v is None else str(v) for v in (row.get("leaked_envs"), row.get("leaked_processes"), row.get("leaked_containers")))
+    leaks = " / ".join(
+        "–" if v is None else str(v) for v in (row.get("leaked_envs"), row.get("leaked_processes"), row.get("leaked_containers"))
+    )
     lost = str(row["samples_lost"]) if "samples_lost" in row else "–"
     return [row["scenario"], faults, done, lost, str(row.get("steps_redone", 0)), slow, leaks]
 

@@ -10,6 +10,7 @@ the plugin could not be installed; the scheduler keeps the last events of the to
 a plugin registered mid-run catches up, and a notebook can read them with
 ``client.get_events("rollart")``.
 """
+
 from __future__ import annotations
 
 import asyncio

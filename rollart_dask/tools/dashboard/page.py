@@ -1,6 +1,7 @@
 """The Bokeh page at ``<dashboard>/rollart``, added to a running scheduler's dashboard with the run's plugin
 (how: compat/dashboard.py). Bokeh is imported here only, on the scheduler.
 """
+
 from __future__ import annotations
 
 from html import escape
@@ -25,11 +26,13 @@ def remove_page(scheduler, app) -> None:
 def summary_html(s: dict) -> str:
     """The header: what the run is doing, and per-panel totals as data attributes."""
     attrs = " ".join(f'data-{k.replace("_", "-")}="{escape(str(v))}"' for k, v in s.items())
-    return (f'<div class="rollart-summary" {attrs} style="font-size:14px">'
-            f'<b>RollArt</b> run <b>{escape(str(s["run"]) or "–")}</b> · {escape(str(s["mode"]))} α={escape(str(s["alpha"]))} · '
-            f'<b>{escape(str(s["status"]))}</b> · step {s["step"]} / {s["steps_target"]} · engines v{s["version"]} · '
-            f'{s["inflight"]} trajectories in flight · {s["finished"]} finished · trained mix within {s["mix_shift_pp"]:.1f} pp '
-            f'of launched · t={s["t"]:.0f}s</div>')
+    return (
+        f'<div class="rollart-summary" {attrs} style="font-size:14px">'
+        f"<b>RollArt</b> run <b>{escape(str(s['run']) or '–')}</b> · {escape(str(s['mode']))} α={escape(str(s['alpha']))} · "
+        f"<b>{escape(str(s['status']))}</b> · step {s['step']} / {s['steps_target']} · engines v{s['version']} · "
+        f"{s['inflight']} trajectories in flight · {s['finished']} finished · trained mix within {s['mix_shift_pp']:.1f} pp "
+        f"of launched · t={s['t']:.0f}s</div>"
+    )
 
 
 def rollart_doc(scheduler, extra, doc):
@@ -93,7 +96,11 @@ def rollart_doc(scheduler, extra, doc):
     update()
     doc.add_periodic_callback(update, REFRESH_MS)
     doc.title = "Dask: RollArt"
-    doc.add_root(column(header, gridplot([[inflight, busy], [stale, version], [counts, scores], [mix, None]],
-                                                sizing_mode="stretch_width"),
-                        sizing_mode="stretch_width"))
+    doc.add_root(
+        column(
+            header,
+            gridplot([[inflight, busy], [stale, version], [counts, scores], [mix, None]], sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        )
+    )
     dask_look(doc, extra)

@@ -1,4 +1,5 @@
 """What each panel of the page plots, from a RunState: plain column dicts (no Bokeh), tested alone."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -11,8 +12,12 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 
 def _lines(series: dict[str, tuple[list, list]]) -> dict:
     names = sorted(series)
-    return {"name": names, "xs": [series[n][0] for n in names], "ys": [series[n][1] for n in names],
-            "color": [COLORS[i % len(COLORS)] for i in range(len(names))]}
+    return {
+        "name": names,
+        "xs": [series[n][0] for n in names],
+        "ys": [series[n][1] for n in names],
+        "color": [COLORS[i % len(COLORS)] for i in range(len(names))],
+    }
 
 
 def _points(lines: dict) -> dict:
@@ -78,21 +83,38 @@ def panel_data(state) -> dict:
 
     counts = latest.get("counts") or dict.fromkeys(COUNTS, 0)
     what = [k for k in counts if k != "finished"]
-    summary = {"run": latest.get("name", ""), "status": latest.get("status", "waiting for a run"), "mode": latest.get("mode", ""),
-               "alpha": latest.get("alpha", ""), "t": latest.get("t", 0.0), "step": max(state.steps, default=0) if state is not None else 0,
-               "steps_target": latest.get("steps_target", 0), "version": latest.get("version", 0),
-               "inflight": sum(inflight.values()), "busy_points": sum(len(xs) for xs, _ in busy.values()),
-               "staleness": sum(stale.values()), "syncs": len(syncs), "evals": len(evals),
-               "counts": sum(counts.get(k, 0) for k in what), "finished": counts.get("finished", 0),
-               "mix_shift_pp": max((abs(ys[-1]) for _, ys in gap.values()), default=0.0)}
+    summary = {
+        "run": latest.get("name", ""),
+        "status": latest.get("status", "waiting for a run"),
+        "mode": latest.get("mode", ""),
+        "alpha": latest.get("alpha", ""),
+        "t": latest.get("t", 0.0),
+        "step": max(state.steps, default=0) if state is not None else 0,
+        "steps_target": latest.get("steps_target", 0),
+        "version": latest.get("version", 0),
+        "inflight": sum(inflight.values()),
+        "busy_points": sum(len(xs) for xs, _ in busy.values()),
+        "staleness": sum(stale.values()),
+        "syncs": len(syncs),
+        "evals": len(evals),
+        "counts": sum(counts.get(k, 0) for k in what),
+        "finished": counts.get("finished", 0),
+        "mix_shift_pp": max((abs(ys[-1]) for _, ys in gap.values()), default=0.0),
+    }
     busy_lines, score_lines, gap_lines = _lines(busy), _lines(scores), _lines(gap)
     return {
         "inflight": {"stage": stages, "n": [inflight.get(s, 0) for s in stages]},
-        "busy": busy_lines, "busy_points": _points(busy_lines),
+        "busy": busy_lines,
+        "busy_points": _points(busy_lines),
         "staleness": {"x": stale_x, "n": [stale.get(x, 0) for x in stale_x]},
-        "version": version, "suspend": suspend, "update": update, "resume": resume,
+        "version": version,
+        "suspend": suspend,
+        "update": update,
+        "resume": resume,
         "counts": {"what": what, "n": [counts[k] for k in what]},
-        "scores": score_lines, "scores_points": _points(score_lines),
-        "mix": gap_lines, "mix_points": _points(gap_lines),
+        "scores": score_lines,
+        "scores_points": _points(score_lines),
+        "mix": gap_lines,
+        "mix_points": _points(gap_lines),
         "summary": summary,
     }

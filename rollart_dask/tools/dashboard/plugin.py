@@ -4,6 +4,7 @@ Runs publish with ``client.log_event(TOPIC, snapshot)``; the scheduler hands eve
 plugins' ``log_event``, where snapshots are merged per run. The plugin is registered by the run
 itself, so it has to be importable on the scheduler (``rollart_dask`` installed there).
 """
+
 from __future__ import annotations
 
 import time

@@ -6,6 +6,7 @@ imported before that, so importing this module adds the page there as ``/individ
 ``dask scheduler --preload rollart_dask.tools.dashboard.preload`` (the embedded default and deploy/ recipes pass
 it). The page the run's plugin adds at ``/rollart`` is the same page, on any scheduler, preloaded or not.
 """
+
 from __future__ import annotations
 
 from rollart_dask.compat.dashboard import list_page_at_start

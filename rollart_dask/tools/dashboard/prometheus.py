@@ -6,13 +6,19 @@ every scrape. Each series is labelled with the run id and the flow's name; count
 since it began (Prometheus's ``rate()`` gives turns/s). deploy/monitoring holds a scrape example and a
 Grafana dashboard of these series.
 """
+
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LABELS = ["run", "flow"]
-REWARD = {"calls": "reward invocations", "throttles": "reward invocations throttled (429)", "cold_starts": "reward cold starts",
-          "retries": "reward invocations retried", "errors": "reward invocations that failed"}
+REWARD = {
+    "calls": "reward invocations",
+    "throttles": "reward invocations throttled (429)",
+    "cold_starts": "reward cold starts",
+    "retries": "reward invocations retried",
+    "errors": "reward invocations that failed",
+}
 
 
 class RollartCollector:
@@ -26,22 +32,31 @@ class RollartCollector:
         return []
 
     def collect(self):
-        g = {name: GaugeMetricFamily(f"rollart_{name}", doc, labels=LABELS + extra) for name, doc, extra in (
-            ("up", "1 while the run goes on, 0 once it ended", ["status"]),
-            ("version", "policy version on the engines", []),
-            ("published_version", "policy version the trainer published", []),
-            ("steps_target", "training steps the run was started for", []),
-            ("trajectories_in_flight", "trajectories in flight by stage", ["stage"]),
-            ("staleness_samples", "trajectories of the last trained batch by staleness (versions behind)", ["staleness"]),
-            ("pool_busy", "busy fraction of each pool over the last step", ["pool"]),
-            ("held_out_success", "held-out success of the last evaluation (none while it is incomplete)", ["task"]),
-            ("held_out_failed_calls", "held-out seeds whose eval calls failed in the last evaluation, when it is incomplete", ["task"]),
-            ("held_out_version", "policy version of the last evaluation", []),
-            ("mix_shift_pp", "trained share - launched share of each task since the run began, percentage points", ["task"]))}
-        c = {"trajectories": CounterMetricFamily("rollart_trajectories", "trajectories and groups by outcome since the run began",
-                                                 labels=LABELS + ["outcome"]),
-             "turns": CounterMetricFamily("rollart_turns", "generate calls (turns, re-issued ones included) since the run began", labels=LABELS),
-             **{k: CounterMetricFamily(f"rollart_reward_{k}", doc + " since the run began", labels=LABELS) for k, doc in REWARD.items()}}
+        g = {
+            name: GaugeMetricFamily(f"rollart_{name}", doc, labels=LABELS + extra)
+            for name, doc, extra in (
+                ("up", "1 while the run goes on, 0 once it ended", ["status"]),
+                ("version", "policy version on the engines", []),
+                ("published_version", "policy version the trainer published", []),
+                ("steps_target", "training steps the run was started for", []),
+                ("trajectories_in_flight", "trajectories in flight by stage", ["stage"]),
+                ("staleness_samples", "trajectories of the last trained batch by staleness (versions behind)", ["staleness"]),
+                ("pool_busy", "busy fraction of each pool over the last step", ["pool"]),
+                ("held_out_success", "held-out success of the last evaluation (none while it is incomplete)", ["task"]),
+                ("held_out_failed_calls", "held-out seeds whose eval calls failed in the last evaluation, when it is incomplete", ["task"]),
+                ("held_out_version", "policy version of the last evaluation", []),
+                ("mix_shift_pp", "trained share - launched share of each task since the run began, percentage points", ["task"]),
+            )
+        }
+        c = {
+            "trajectories": CounterMetricFamily(
+                "rollart_trajectories", "trajectories and groups by outcome since the run began", labels=LABELS + ["outcome"]
+            ),
+            "turns": CounterMetricFamily(
+                "rollart_turns", "generate calls (turns, re-issued ones included) since the run began", labels=LABELS
+            ),
+            **{k: CounterMetricFamily(f"rollart_reward_{k}", doc + " since the run began", labels=LABELS) for k, doc in REWARD.items()},
+        }
         for rid, state in [item for runs in list(self.sources) for item in list(runs.items())]:
             s = state.latest
             if not s:

@@ -2,6 +2,7 @@
 inference engine and a trainer that keep the real contracts but take their time from the
 profiles (``engine``, ``trainer``), and the zero-overhead ideal step time (``ideal``).
 Everything here is labelled ``emulated``."""
+
 from rollart_dask.tools.emulation.hardware import (  # noqa: F401
     GPUS,
     H20,

@@ -15,6 +15,7 @@
   construction, so the cache keeps, per stream, how many of its leading tokens it holds (whole
   blocks; LRU by stream, the same token capacity) — O(1) per request instead of O(context).
 """
+
 from __future__ import annotations
 
 import collections

@@ -5,6 +5,7 @@ with its source; every one is a constant to change, none is measured here.
 Per step: every GPU the variant holds (generation pools, trainer, a dedicated reward GPU when rewards are
 local) and every env host, for the step's length; serverless rewards only for their billed seconds.
 """
+
 from __future__ import annotations
 
 from rollart_dask.tools.emulation.hardware import GPUS

@@ -5,6 +5,7 @@ Three parts: ``batch`` (``ContinuousBatch``, the pure, clock-free timing model o
 ``instance`` (``EmulatedEngine``, one instance: the batch driven against the wall clock) and this
 module's ``EmulatedInstances``, the engine a worker holds when it stands for several instances.
 """
+
 from __future__ import annotations
 
 import collections
@@ -41,16 +42,31 @@ class EmulatedInstances:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None, lora=None) -> EmulatedInstances:  # (lora: never, the flow refuses it)
+    def from_config(
+        cls,
+        cfg: EngineConfig,
+        *,
+        model_dir: str,
+        seed: int = 0,
+        pool: str | None = None,
+        emulation: EmulationConfig | None = None,
+        lora=None,
+    ) -> EmulatedInstances:  # (lora: never, the flow refuses it)
         """The instances the worker's ``pool`` stands for (``emulation.pools[pool]``: gpus / tp of them)."""
         if emulation is None:
             raise ValueError("engine.backend=emulated needs the flow's emulation section")
         spec = emulation.pools.get(pool)
         if spec is None or spec.gpus == 0:
             raise RuntimeError(f"emulation.pools has no GPUs for pool {pool}, which this flow generates on")
-        engine = cls(spec.gpus // spec.tp, model=MODELS[emulation.model], gpu=GPUS[spec.gpu], tp=spec.tp, time_scale=emulation.time_scale,
-                     seed=seed, kv_link_gbps=emulation.kv_link_gbps)  # kv_link_gbps: the ASSUMED link of rollout.pd
+        engine = cls(
+            spec.gpus // spec.tp,
+            model=MODELS[emulation.model],
+            gpu=GPUS[spec.gpu],
+            tp=spec.tp,
+            time_scale=emulation.time_scale,
+            seed=seed,
+            kv_link_gbps=emulation.kv_link_gbps,
+        )  # kv_link_gbps: the ASSUMED link of rollout.pd
         engine.emulation = emulation
         return engine
 
@@ -64,7 +80,9 @@ class EmulatedInstances:
         if e is None or not spec.get("engine_pools"):
             return 0.0
         gen = sum(e.pools[p].gpus for p in spec["engine_pools"] if p in e.pools)
-        return weight_transfer_seconds(MODELS[e.model], gen, e.trainer.gpus, e.weight_link_gbps, spec.get("pull", "background")) * e.time_scale
+        return (
+            weight_transfer_seconds(MODELS[e.model], gen, e.trainer.gpus, e.weight_link_gbps, spec.get("pull", "background")) * e.time_scale
+        )
 
     @property
     def version(self) -> int:
@@ -74,8 +92,17 @@ class EmulatedInstances:
     def stats(self) -> dict:
         """Counters summed over instances; busy seconds averaged, so a pool's busy fraction stays in [0, 1]."""
         out = dict(self.engines[0].stats)
-        for key in ("tokens", "requests", "prefill_tokens", "cached_tokens", "decode_steps", "weight_loads", "request_s", "imported_tokens",
-                    *{k for e in self.engines for k in e.stats if k.startswith("pd_")}):
+        for key in (
+            "tokens",
+            "requests",
+            "prefill_tokens",
+            "cached_tokens",
+            "decode_steps",
+            "weight_loads",
+            "request_s",
+            "imported_tokens",
+            *{k for e in self.engines for k in e.stats if k.startswith("pd_")},
+        ):
             out[key] = sum(e.stats.get(key, 0) for e in self.engines)
         for key in ("busy_s", "emulated_busy_s"):
             out[key] = sum(e.stats[key] for e in self.engines) / len(self.engines)
@@ -121,7 +148,7 @@ class EmulatedInstances:
                     self._load[i] -= len(idx)
 
         if len(by) == 1:  # one instance (a streamed request): no thread to start
-            (i, idx), = by.items()
+            ((i, idx),) = by.items()
             run(i, idx)
             return out
         for i, idx in by.items():  # instances decode concurrently, as separate GPUs do
@@ -139,7 +166,7 @@ class EmulatedInstances:
         with self._lock:
             for rid in request_ids:
                 i = self._sticky.get(rid.split("#")[0])
-                for j in ([i] if i is not None else range(len(self.engines))):
+                for j in [i] if i is not None else range(len(self.engines)):
                     by[j].append(rid)
         for i, rids in by.items():
             self.engines[i].abort(rids)

@@ -26,6 +26,7 @@ Same assumptions as ``ideal`` (each term a lower bound), extended to a task mix:
   trajectory is not modelled, nor redundancy (it only removes tail time that failures and
   stragglers added), nor the train/rollout GPU contention.
 """
+
 from __future__ import annotations
 
 import random
@@ -37,8 +38,15 @@ from rollart_dask.envs.inject import parse_spec
 from rollart_dask.envs.synthetic import draw_length, length_mean
 
 from rollart_dask.config import task_pools
-from rollart_dask.tools.emulation.hardware import (GPUS, MODELS, decode_step_seconds, prefill_seconds, train_step_seconds, weight_load_seconds,
-                                                   weight_transfer_seconds)
+from rollart_dask.tools.emulation.hardware import (
+    GPUS,
+    MODELS,
+    decode_step_seconds,
+    prefill_seconds,
+    train_step_seconds,
+    weight_load_seconds,
+    weight_transfer_seconds,
+)
 from rollart_dask.tools.emulation.ideal import Ideal, Pool, Workload, per_trajectory_seconds
 
 
@@ -55,8 +63,9 @@ class TaskLoad:
     share: float  # probability a group is of this task (the launcher draws each group's task by weight)
 
 
-def env_times(inject: dict | None, rng: np.random.Generator, n: int, turns: int, retries: int = 0,
-              timeout_s: float = float("inf")) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def env_times(
+    inject: dict | None, rng: np.random.Generator, n: int, turns: int, retries: int = 0, timeout_s: float = float("inf")
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What the env calls of ``n`` trajectories cost (emulated seconds), drawn from the injection spec the way
     envs/inject.py plays it: reset (n) — every attempt's latency, a hung one's ``hang_s`` more (at most the call
     timeout), a failed one retried up to ``retries`` times with fresh draws —, steps (n × turns; a step that fails or
@@ -65,8 +74,9 @@ def env_times(inject: dict | None, rng: np.random.Generator, n: int, turns: int,
     return reset, steps, fail_at >= 0
 
 
-def env_calls(inject: dict | None, rng: np.random.Generator, n: int, turns: int, retries: int = 0,
-              timeout_s: float = float("inf")) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def env_calls(
+    inject: dict | None, rng: np.random.Generator, n: int, turns: int, retries: int = 0, timeout_s: float = float("inf")
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``env_times`` with where each trajectory failed: -1 not at all, 0 its reset, k + 1 its step of turn k."""
     reset, steps, failed = np.zeros(n), np.zeros((n, turns)), np.full(n, -1)
     if not inject:
@@ -108,11 +118,26 @@ def task_loads(cfg) -> list[TaskLoad]:
         a = t.env_args
         groups = r.batch_groups * t.weight / weights
         turns = min(int(a.get("turns", 1)), t.max_turns)  # the runtime ends a trajectory at max_turns
-        w = Workload(trajectories=max(1, round(groups * (t.group_size or r.group_size))), turns=turns,
-                     prompt_tokens=round(length_mean(a.get("prompt_tokens", 512))), output_tokens=max(1, round(length_mean(a.get("output_tokens", 256)))),
-                     obs_tokens=round(length_mean(a.get("obs_tokens", 64), minimum=0)) if turns > 1 else 0)
-        loads.append(TaskLoad(t.name, groups * (t.group_size or r.group_size), w, task_pools(t), a, t.inject, float(a.get("reward_s", 0.0)),
-                              t.group_size or r.group_size, t.weight / weights))
+        w = Workload(
+            trajectories=max(1, round(groups * (t.group_size or r.group_size))),
+            turns=turns,
+            prompt_tokens=round(length_mean(a.get("prompt_tokens", 512))),
+            output_tokens=max(1, round(length_mean(a.get("output_tokens", 256)))),
+            obs_tokens=round(length_mean(a.get("obs_tokens", 64), minimum=0)) if turns > 1 else 0,
+        )
+        loads.append(
+            TaskLoad(
+                t.name,
+                groups * (t.group_size or r.group_size),
+                w,
+                task_pools(t),
+                a,
+                t.inject,
+                float(a.get("reward_s", 0.0)),
+                t.group_size or r.group_size,
+                t.weight / weights,
+            )
+        )
     return loads
 
 
@@ -125,8 +150,11 @@ def reward_slots(cfg) -> int | None:
 
 def _pools(cfg, engine_workers: dict[str, int]) -> dict[str, Pool]:
     e = cfg.emulation
-    return {p: Pool(GPUS[e.pools[p].gpu], e.pools[p].gpus * k, e.pools[p].tp)
-            for p, k in engine_workers.items() if k and p in e.pools and e.pools[p].gpus}
+    return {
+        p: Pool(GPUS[e.pools[p].gpu], e.pools[p].gpus * k, e.pools[p].tp)
+        for p, k in engine_workers.items()
+        if k and p in e.pools and e.pools[p].gpus
+    }
 
 
 def transfer_seconds(cfg, engine_workers: dict[str, int]) -> float:
@@ -182,15 +210,28 @@ def _generation_latency(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> 
 def _generation_parts(t: TaskLoad, model, pool: Pool, outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``_generation_latency`` as (prefill per turn, decode per trajectory and turn)."""
     w = t.workload
-    prefill = np.array([prefill_seconds(model, pool.gpu, w.prompt_tokens if k == 0 else max(1, w.obs_tokens), pool.tp, w.prompt_at(k))
-                        for k in range(w.turns)])
+    prefill = np.array(
+        [
+            prefill_seconds(model, pool.gpu, w.prompt_tokens if k == 0 else max(1, w.obs_tokens), pool.tp, w.prompt_at(k))
+            for k in range(w.turns)
+        ]
+    )
     mean_ctx = sum(w.prompt_at(k) for k in range(w.turns)) / w.turns
     per_token = decode_step_seconds(model, pool.gpu, 1, int(mean_ctx), pool.tp)
     return prefill, (outputs - 1).clip(min=0) * per_token
 
 
-def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samples: int, seed: int, batch_groups: int,
-                      retries: int = 0, timeout_s: float = float("inf"), batches: list[list[int]] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _sample_latencies(
+    loads: list[TaskLoad],
+    pools: dict[str, Pool],
+    model,
+    samples: int,
+    seed: int,
+    batch_groups: int,
+    retries: int = 0,
+    timeout_s: float = float("inf"),
+    batches: list[list[int]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per sample (a batch whose groups' tasks are drawn by weight, as the launcher does):
     trajectory-level makespan (slowest trajectory), batch-level makespan (a barrier before every
     generate), every group's latency — its slowest member's, as GRPO needs the whole group —, and
@@ -200,9 +241,13 @@ def _sample_latencies(loads: list[TaskLoad], pools: dict[str, Pool], model, samp
     rng, py = np.random.default_rng(seed), random.Random(seed)
     traj_max, wave, every, reset_wave = np.zeros(samples), np.zeros(samples), [], np.zeros(samples)
     traj_mean, group_task = np.zeros(samples), []
-    fastest = [min((pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
-                   key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()))
-               for t in loads]
+    fastest = [
+        min(
+            (pools[p] for p in t.pools if p in pools),  # alone, a trajectory takes its fastest pool
+            key=lambda p, t=t: float(_generation_latency(t, model, p, np.full((1, t.workload.turns), t.workload.output_tokens)).sum()),
+        )
+        for t in loads
+    ]
     for s in range(samples):
         resets, turns, rewards, groups = [], [], [], []
         counts = batches[s % len(batches)] if batches else rng.multinomial(batch_groups, [t.share for t in loads])
@@ -264,11 +309,17 @@ def launched_batches(cfg) -> list[list[int]]:
     names = [t.name for t in cfg.tasks]
     B = cfg.rollout.batch_groups
     seq = [draw_group(rng, tasks, cfg.eval.start_seed)[0] for _ in range(cfg.trainer.steps * B)]
-    return [[seq[k * B:(k + 1) * B].count(n) for n in names] for k in range(cfg.trainer.steps)]
+    return [[seq[k * B : (k + 1) * B].count(n) for n in names] for k in range(cfg.trainer.steps)]
 
 
-def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = None, samples: int = 200, seed: int = 0,
-               batches: list[list[int]] | None = None) -> Ideal:
+def flow_ideal(
+    cfg,
+    engine_workers: dict[str, int],
+    reward_slots: int | None = None,
+    samples: int = 200,
+    seed: int = 0,
+    batches: list[list[int]] | None = None,
+) -> Ideal:
     """Ideal step time (emulated seconds) of an emulated flow on ``engine_workers`` (pool → engine
     workers). ``reward_slots``: concurrent local reward calls (None = serverless: unbounded). ``batches``: the task
     counts of the batches to sample (``launched_batches``: a run's own), cycled; None draws them from the weights."""
@@ -282,8 +333,9 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
         loads = [replace(t, share=sh, n=r.batch_groups * sh * t.group_size) for t, sh in zip(loads, shares)]
     t_thr = _throughput_bound(loads, pools, model)
     timeout_s = r.env_timeout_s / cfg.emulation.time_scale if cfg.emulation.time_scale > 0 else float("inf")  # in emulated seconds
-    traj_max, wave, every, reset_wave, traj_mean, group_task = _sample_latencies(loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s,
-                                                                                        batches)
+    traj_max, wave, every, reset_wave, traj_mean, group_task = _sample_latencies(
+        loads, pools, model, samples, seed, r.batch_groups, r.retries, timeout_s, batches
+    )
     lat_mean = float(every.mean())
     lat_max = float((wave if r.level == "batch" else traj_max).mean())
     n_total = sum(t.n for t in loads)
@@ -319,13 +371,29 @@ def flow_ideal(cfg, engine_workers: dict[str, int], reward_slots: int | None = N
         binding = max(cands, key=cands.get)
         step_s = cands[binding]
         spread = traj_max / alpha if binding.startswith("staleness") else np.zeros(1)
-        if r.admission == "eager" and r.fairness == "none":  # what can be trained at the bound's step time: the mix eager admission can reach at best
+        if (
+            r.admission == "eager" and r.fairness == "none"
+        ):  # what can be trained at the bound's step time: the mix eager admission can reach at best
             trainable = eager_window(every, alpha, step_s)[1]
             eager_mix = {str(k): float(trainable[group_task == k].sum() / trainable.sum()) for k in sorted(set(group_task))}
-    terms = {"staleness_bound_s": float(traj_max.mean()) / max(alpha, 1), "rollout_throughput_s": t_thr, "group_latency_mean_s": lat_mean,
-             "reset_wave_s": float(reset_wave.mean()), "trajectory_latency_mean_s": float(traj_mean.mean()),
-             "latency_max_s": lat_max, "makespan_s": makespan, "reward_capacity_s": reward_bound, "train_s": train, "update_s": update,
-             "tokens_per_step": tokens, "trajectories_per_step": n_total, "trajectories_per_s": n_total / step_s, "alpha": alpha,
-             "level": r.level, "step_sd_s": float(np.std(spread)),
-             "eager_trainable_mix": eager_mix, "eager_trainable_share": None if trainable is None else float(trainable.mean())}  # one step's spread: heavy tails make few-step means noisy
+    terms = {
+        "staleness_bound_s": float(traj_max.mean()) / max(alpha, 1),
+        "rollout_throughput_s": t_thr,
+        "group_latency_mean_s": lat_mean,
+        "reset_wave_s": float(reset_wave.mean()),
+        "trajectory_latency_mean_s": float(traj_mean.mean()),
+        "latency_max_s": lat_max,
+        "makespan_s": makespan,
+        "reward_capacity_s": reward_bound,
+        "train_s": train,
+        "update_s": update,
+        "tokens_per_step": tokens,
+        "trajectories_per_step": n_total,
+        "trajectories_per_s": n_total / step_s,
+        "alpha": alpha,
+        "level": r.level,
+        "step_sd_s": float(np.std(spread)),
+        "eager_trainable_mix": eager_mix,
+        "eager_trainable_share": None if trainable is None else float(trainable.mean()),
+    }  # one step's spread: heavy tails make few-step means noisy
     return Ideal(r.mode, step_s, binding, terms)

@@ -5,6 +5,7 @@ Units: seconds, bytes, FLOPs, tokens. All formulas are per engine instance (a te
 group of ``tp`` GPUs), ignoring TP communication. Efficiency factors are assumptions, not
 measurements: each is a field so an ablation can sweep it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -176,8 +177,16 @@ def kv_transfer_seconds(model: ModelProfile, tokens: int, link_gbps: float = KV_
     return model.kv_bytes_per_token * tokens / (link_gbps * 1e9)
 
 
-def pd_request_seconds(model: ModelProfile, prefill_gpu: GPUProfile, decode_gpu: GPUProfile, prompt_tokens: int, output_tokens: int,
-                       link_gbps: float = KV_LINK_GBPS, prefill_tp: int = 1, decode_tp: int = 1) -> dict:
+def pd_request_seconds(
+    model: ModelProfile,
+    prefill_gpu: GPUProfile,
+    decode_gpu: GPUProfile,
+    prompt_tokens: int,
+    output_tokens: int,
+    link_gbps: float = KV_LINK_GBPS,
+    prefill_tp: int = 1,
+    decode_tp: int = 1,
+) -> dict:
     """One request alone under prefill/decode disaggregation: the prompt's prefill (and its first token)
     on the prefill GPU, the KV transfer, then one decode step per further token on the decode GPU, the
     context growing by one token a step (batch 1)."""

@@ -26,6 +26,7 @@ Assumptions (each a lower bound, so ideal ≤ any real run of the same emulated 
   prefill/decode disaggregation (simulate.py does), redundancy (which only helps against tails: use E[max] of the
   first G of G + r to model it later).
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,7 @@ class Latency:
 
     def mean(self, rng: np.random.Generator | None = None) -> float:
         if self.sigma <= 0 or math.isinf(self.cap):
-            return min(self.median, self.cap) * math.exp(self.sigma ** 2 / 2)
+            return min(self.median, self.cap) * math.exp(self.sigma**2 / 2)
         return float(self.sample(rng or np.random.default_rng(0), 100_000).mean())
 
 
@@ -151,8 +152,9 @@ def generation_latency(w: Workload, model: ModelProfile, pool: Pool) -> float:
     return s
 
 
-def ideal_step(w: Workload, c: Cluster, mode: str = "sync", alpha: int = 0, level: str = "trajectory",
-               samples: int = 200, seed: int = 0) -> Ideal:
+def ideal_step(
+    w: Workload, c: Cluster, mode: str = "sync", alpha: int = 0, level: str = "trajectory", samples: int = 200, seed: int = 0
+) -> Ideal:
     if mode not in ("sync", "one_off", "rollart"):
         raise ValueError(f"mode must be sync, one_off or rollart, not {mode!r}")
     if mode == "sync":
@@ -185,7 +187,17 @@ def ideal_step(w: Workload, c: Cluster, mode: str = "sync", alpha: int = 0, leve
         cands = {"rollout_throughput+update": t_thr + update, "train": train, "latency/(alpha+1)": lat_mean / (alpha + 1)}
         binding = max(cands, key=cands.get)
         step_s = cands[binding]
-    terms = {"rollout_throughput_s": t_thr, "latency_mean_s": lat_mean, "latency_max_s": lat_max, "makespan_s": makespan,
-             "generation_latency_s": gen_lat, "train_s": train, "update_s": update, "tokens_per_step": n * w.sample_tokens,
-             "trajectories_per_s": n / step_s, "alpha": alpha, "level": level}
+    terms = {
+        "rollout_throughput_s": t_thr,
+        "latency_mean_s": lat_mean,
+        "latency_max_s": lat_max,
+        "makespan_s": makespan,
+        "generation_latency_s": gen_lat,
+        "train_s": train,
+        "update_s": update,
+        "tokens_per_step": n * w.sample_tokens,
+        "trajectories_per_s": n / step_s,
+        "alpha": alpha,
+        "level": level,
+    }
     return Ideal(mode, step_s, binding, terms)

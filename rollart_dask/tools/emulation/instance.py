@@ -10,6 +10,7 @@ Per request, ``emulate`` (optional) sets ``prompt_tokens``, ``output_tokens``, `
 ``stream``; without it the prompt length comes from ``prompt_ids``, the tokenizer, or ~4 chars
 per token, and the output length from the chosen ``choices`` text or ``max_tokens``.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,17 +52,34 @@ class EmulatedEngine:
 
     label = "emulated"
 
-    def __init__(self, model: ModelProfile = QWEN3_8B, gpu: GPUProfile = H800, tp: int = 1, time_scale: float = 1e-3,
-                 seed: int = 0, kv_tokens: int | None = None, tokenizer=None, weight_load_s: float | None = None,
-                 kv_link_gbps: float = KV_LINK_GBPS):
+    def __init__(
+        self,
+        model: ModelProfile = QWEN3_8B,
+        gpu: GPUProfile = H800,
+        tp: int = 1,
+        time_scale: float = 1e-3,
+        seed: int = 0,
+        kv_tokens: int | None = None,
+        tokenizer=None,
+        weight_load_s: float | None = None,
+        kv_link_gbps: float = KV_LINK_GBPS,
+    ):
         self.model, self.gpu, self.tp, self.time_scale, self.seed = model, gpu, tp, float(time_scale), seed
         self.kv_link_gbps = kv_link_gbps  # ASSUMED link for prefill/decode disaggregation (hardware.KV_LINK_GBPS)
         self.tokenizer = tokenizer
         self.batch = ContinuousBatch(model, gpu, tp, kv_tokens)
         self.weight_load_s = weight_load_seconds(model, gpu, tp) if weight_load_s is None else weight_load_s
         self.version = 0
-        self.stats = {"tokens": 0, "requests": 0, "busy_s": 0.0, "emulated_busy_s": 0.0, "engine": self.label,
-                      "gpu": gpu.name, "model": model.name, "time_scale": self.time_scale}
+        self.stats = {
+            "tokens": 0,
+            "requests": 0,
+            "busy_s": 0.0,
+            "emulated_busy_s": 0.0,
+            "engine": self.label,
+            "gpu": gpu.name,
+            "model": model.name,
+            "time_scale": self.time_scale,
+        }
         self._aborted = RecentAborts()  # every abort, for a while: one may come before its request
         self._fresh_aborts: set[str] = set()  # aborts the driver has not applied to the batch yet
         self._cond = threading.Condition()
@@ -122,8 +140,9 @@ class EmulatedEngine:
             self.stats["requests"] += len(out)
             # wall seconds the requests spent in the engine (queue + prefill + decode): what a generate call
             # would cost with no control plane around it
-            self.stats["request_s"] = self.stats.get("request_s", 0.0) + sum(
-                max(0.0, (s.t_done or s.arrival) - s.arrival) for s in seqs) * self.time_scale
+            self.stats["request_s"] = (
+                self.stats.get("request_s", 0.0) + sum(max(0.0, (s.t_done or s.arrival) - s.arrival) for s in seqs) * self.time_scale
+            )
             for k, v in self.batch.counters.items():
                 self.stats[k] = v
         return out
@@ -141,13 +160,26 @@ class EmulatedEngine:
         for r, f, s in zip(requests, full, seqs):
             done = s.finish == "abort" or f.output_tokens <= 1
             c = self._completion(r, s if s.finish == "abort" else f) if done else None
-            handles.append(PrefillHandle(
-                request=r, prompt_ids=s.prompt_ids, token_ids=list(s.output_ids[:1]) if s.finish != "abort" else [],
-                logprobs=[-math.log(len(r["choices"])) if r.get("choices") else -1.0] if s.finish != "abort" else [], allowed_ids=None,
-                finish=c.finish_reason if c else None, version=s.version, positions=s.prompt_tokens,
-                emulated={"kv_bytes": 0 if done else self.model.kv_bytes_per_token * s.prompt_tokens, "output_tokens": f.output_tokens,
-                          "text": f.text, "prefill_s": (s.t_first or s.arrival) - s.arrival, "gpu": self.gpu.name,
-                          "completion": c}))
+            handles.append(
+                PrefillHandle(
+                    request=r,
+                    prompt_ids=s.prompt_ids,
+                    token_ids=list(s.output_ids[:1]) if s.finish != "abort" else [],
+                    logprobs=[-math.log(len(r["choices"])) if r.get("choices") else -1.0] if s.finish != "abort" else [],
+                    allowed_ids=None,
+                    finish=c.finish_reason if c else None,
+                    version=s.version,
+                    positions=s.prompt_tokens,
+                    emulated={
+                        "kv_bytes": 0 if done else self.model.kv_bytes_per_token * s.prompt_tokens,
+                        "output_tokens": f.output_tokens,
+                        "text": f.text,
+                        "prefill_s": (s.t_first or s.arrival) - s.arrival,
+                        "gpu": self.gpu.name,
+                        "completion": c,
+                    },
+                )
+            )
         with self._cond:
             st = self.stats
             st["requests_prefilled"] = st.get("requests_prefilled", 0) + len(requests)
@@ -176,8 +208,10 @@ class EmulatedEngine:
                 todo.append(j)
         if old and stale == "error":
             h = handles[old[0]]
-            raise StaleKVError(f"KV cache of request {h.request['id']} was prefilled at policy version {h.version}; "
-                               f"this engine is at version {self.version}")
+            raise StaleKVError(
+                f"KV cache of request {h.request['id']} was prefilled at policy version {h.version}; "
+                f"this engine is at version {self.version}"
+            )
         transfer = max((kv_transfer_seconds(self.model, handles[j].positions, self.kv_link_gbps) for j in todo), default=0.0)
         if transfer and self.time_scale > 0:  # the caches cross the link before the requests can join the batch
             time.sleep(transfer * self.time_scale)
@@ -186,8 +220,12 @@ class EmulatedEngine:
             h = handles[j]
             s = self._seq(h.request)
             s.output_tokens, s.text, s.kv_imported = int(h.emulated["output_tokens"]), h.emulated["text"], True
-            s.output_ids = (range(len(s.prompt_ids), len(s.prompt_ids) + s.output_tokens) if s.stream is not None
-                            else list(h.token_ids) + _stream_ids(self.seed, s.rid.split("#")[0], len(s.prompt_ids) + 1, s.output_tokens - 1, self.model.vocab))
+            s.output_ids = (
+                range(len(s.prompt_ids), len(s.prompt_ids) + s.output_tokens)
+                if s.stream is not None
+                else list(h.token_ids)
+                + _stream_ids(self.seed, s.rid.split("#")[0], len(s.prompt_ids) + 1, s.output_tokens - 1, self.model.vocab)
+            )
             seqs.append(s)
         if seqs:
             self._run(seqs)
@@ -322,13 +360,16 @@ class EmulatedEngine:
             if "output_tokens" in emu:
                 n -= len(prefix)
         s = Seq(rid, prompt, max(1, n), arrival=self._now(), version=self.version, text=text, stream=stream)
-        s.output_ids = (range(len(prompt), len(prompt) + s.output_tokens) if stream is not None
-                        else _stream_ids(self.seed, key, len(prompt), s.output_tokens, self.model.vocab))
+        s.output_ids = (
+            range(len(prompt), len(prompt) + s.output_tokens)
+            if stream is not None
+            else _stream_ids(self.seed, key, len(prompt), s.output_tokens, self.model.vocab)
+        )
         return s
 
     def _completion(self, r: dict, s: Seq) -> Completion:
         if s.finish == "abort":  # what it generated before the abort: a continuation goes on from it
-            return Completion(s.rid, s.prompt_ids, s.output_ids[:s.generated], [-1.0] * s.generated, None, "", "abort", s.version)
+            return Completion(s.rid, s.prompt_ids, s.output_ids[: s.generated], [-1.0] * s.generated, None, "", "abort", s.version)
         choices = r.get("choices")
         lp = -math.log(len(choices)) if choices else -1.0
         reason = "length" if (not choices and s.output_tokens >= int(r.get("max_tokens", 16))) else "stop"

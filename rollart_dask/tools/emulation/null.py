@@ -8,6 +8,7 @@ Streamed like the emulated engine: each request is started on ``pool`` and answe
 batching does; a request's time is its own (it waits for no batch), so the streamed task runs fast ones
 inline (``answers_alone``).
 """
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,16 @@ class NullEngine:
         self._aborted = RecentAborts()  # an abort can come before its request (separate tasks): it then ends at once
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, *, model_dir: str, seed: int = 0, pool: str | None = None,
-                    emulation: EmulationConfig | None = None, lora=None) -> NullEngine:  # (lora: never, the flow refuses it)
+    def from_config(
+        cls,
+        cfg: EngineConfig,
+        *,
+        model_dir: str,
+        seed: int = 0,
+        pool: str | None = None,
+        emulation: EmulationConfig | None = None,
+        lora=None,
+    ) -> NullEngine:  # (lora: never, the flow refuses it)
         """``emulation.null_generate_s`` (emulated seconds, slept at ``emulation.time_scale``): each request's service time."""
         return cls(emulation.null_generate_s * emulation.time_scale if emulation is not None else 0.0)
 
@@ -55,8 +64,18 @@ class NullEngine:
             choices = r.get("choices")
             n = max(1, int(emu.get("output_tokens", 1)))
             text = choices[0] if choices else str(emu.get("text", ""))
-            out.append(Completion(r["id"], prompt, range(len(prompt), len(prompt) + n), [0.0] * n, None, text,
-                                  "stop" if choices else "length", self.version))
+            out.append(
+                Completion(
+                    r["id"],
+                    prompt,
+                    range(len(prompt), len(prompt) + n),
+                    [0.0] * n,
+                    None,
+                    text,
+                    "stop" if choices else "length",
+                    self.version,
+                )
+            )
             self.stats["tokens"] += n
         self.stats["requests"] += len(requests)
         return out

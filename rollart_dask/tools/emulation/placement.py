@@ -7,6 +7,7 @@ step times the ablations set beside the measured ones. Up to ``EXHAUSTIVE`` mapp
 more auto tasks the search goes task by task (each tries every affinity with the others fixed, until no
 change helps), which simulates a few per task instead of 3^tasks.
 """
+
 from __future__ import annotations
 
 import itertools

@@ -1,6 +1,7 @@
 """What the policy simulator (simulate.py) shares among trajectories: an engine pool's instances, shared among the
 turns generating on it (processor sharing: each turn at most as fast as it would run alone), and the turn barrier
 of batch-level rollout. They call back into the simulation (``sim.now``, ``sim.at``, ``sim.resume``)."""
+
 from __future__ import annotations
 
 

@@ -23,6 +23,7 @@ Service times come from the models the ideal uses:
   the cross-cluster transfer (``weight_transfer_seconds``): pulled in the background from the publish on, or inside
   the pause with ``weights.pull: at_update``.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -78,8 +79,7 @@ class Simulation:
         self.update_s = max(weight_load_seconds(self.model, p.gpu, p.tp) for p in pools.values())
         self.pull, self.transfer_s = cfg.weights.pull, transfer_seconds(cfg, engine_workers)
         self.staged_at = 0.0  # pull=background: when the engines hold the latest published version
-        self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch,
-                                   self.r.fairness)
+        self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch, self.r.fairness)
         self.now, self._events, self._seq = 0.0, [], itertools.count()
         self.procs: dict[str, object] = {}  # trajectory → its generator
         self.where: dict[str, str] = {}  # trajectory → the pool it generates on
@@ -118,8 +118,10 @@ class Simulation:
             if self.buffer.counts["finished"] > finished:
                 n, finished = 0, self.buffer.counts["finished"]
             if t > horizon_s or n > events_per_finish:  # e.g. every trajectory failing: groups dropped and reopened for ever
-                raise RuntimeError(f"the simulated policy made no step: no trajectory finished in {n} events ({t:.0f} emulated s); "
-                                   f"{len(self.train_done_at)} of {steps} steps, buffer {dict(self.buffer.counts)}")
+                raise RuntimeError(
+                    f"the simulated policy made no step: no trajectory finished in {n} events ({t:.0f} emulated s); "
+                    f"{len(self.train_done_at)} of {steps} steps, buffer {dict(self.buffer.counts)}"
+                )
             while self._next_probe <= t:  # the state holds between events: sample it at the probe times passed
                 self.held.update(g.task for g in self.buffer.groups.values())
                 self._next_probe += PROBE_S
@@ -201,8 +203,10 @@ class Simulation:
         p_work = self._work(task, pf, phase=0) * p_lat / max(p_lat.sum(), 1e-12)
         d_work = self._work(task, dc, phase=1) * d_lat / max(d_lat.sum(), 1e-12)
         kv = [kv_transfer_seconds(self.model, w.prompt_at(k), self.cfg.emulation.kv_link_gbps) for k in range(w.turns)]
-        ops = [[("gen", pf, float(p_work[k]), float(p_lat[k])), ("wait", kv[k]), ("gen", dc, float(d_work[k]), float(d_lat[k]))]
-               for k in range(w.turns)]
+        ops = [
+            [("gen", pf, float(p_work[k]), float(p_lat[k])), ("wait", kv[k]), ("gen", dc, float(d_work[k]), float(d_lat[k]))]
+            for k in range(w.turns)
+        ]
         return ops, float(p_lat.sum() + d_lat.sum() + sum(kv))
 
     def _work(self, task: str, pool: str, phase: int | None = None) -> float:
@@ -354,11 +358,17 @@ class Simulation:
         step_s = float(gaps.mean())
         n = self.r.batch_groups * self.r.group_size
         total, held = sum(self.trained_groups.values()) or 1, sum(self.held.values()) or 1
-        return SimResult(step_s, n / step_s, float(np.mean(self.rollout_s)) if self.rollout_s else None,
-                         {k: v / total for k, v in sorted(self.trained_groups.items())}, dict(self.buffer.counts),
-                         {k: v / held for k, v in sorted(self.held.items())}, self.buffer.mix_at_take["shift_pp"], self._length_shift(),
-                         list(self.train_done_at))
-
+        return SimResult(
+            step_s,
+            n / step_s,
+            float(np.mean(self.rollout_s)) if self.rollout_s else None,
+            {k: v / total for k, v in sorted(self.trained_groups.items())},
+            dict(self.buffer.counts),
+            {k: v / held for k, v in sorted(self.held.items())},
+            self.buffer.mix_at_take["shift_pp"],
+            self._length_shift(),
+            list(self.train_done_at),
+        )
 
     def _length_shift(self) -> float:
         launched: dict[str, list[float]] = {}
@@ -367,8 +377,9 @@ class Simulation:
         return length_shift(launched, self.trained_length)
 
 
-def simulate(cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2,
-             seed: int = 0) -> SimResult:
+def simulate(
+    cfg, engine_workers: dict[str, int], reward_slots: int | None, steps: int | None = None, warmup: int = 2, seed: int = 0
+) -> SimResult:
     """The flow's policy on its emulated workload with a zero-cost runtime (emulated seconds)."""
     sim = Simulation(cfg, engine_workers, reward_slots, seed)
     sim.run(steps if steps is not None else cfg.trainer.steps)

@@ -1,6 +1,7 @@
 """Emulated trainer: the Trainer contract (data/contracts.py) with a step time from the hardware
 profile (``train_step_seconds`` × ``time_scale``, slept on the wall clock) and the real protocol
 around it: versions, a (tiny) state dict to publish, checkpoint and restore."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ class EmulatedTrainer:
         self.stats = {"steps": 0, "tokens": 0, "emulated_train_s": 0.0}
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0,
-                    emulation: EmulationConfig | None = None) -> EmulatedTrainer:
+    def from_config(
+        cls, cfg: TrainerConfig, *, model_dir: str, seed: int = 0, temperature: float = 1.0, emulation: EmulationConfig | None = None
+    ) -> EmulatedTrainer:
         """Times the profile of ``emulation.trainer``; the trainer section's learning keys have nothing to act on."""
         if emulation is None:
             raise ValueError("trainer.backend=emulated needs the flow's emulation section")
@@ -46,12 +48,21 @@ class EmulatedTrainer:
         self.stats["steps"] += 1
         self.stats["tokens"] += tokens
         self.stats["emulated_train_s"] += emulated
-        return {"loss": 0.0, "grad_norm": 0.0, "samples": len(samples), "tokens": tokens,
-                "response_tokens": sum(len(s["response_ids"]) for s in samples), "emulated_train_s": emulated,
-                "train_s": time.perf_counter() - t0, "version": self.version, "trainer": self.label}
+        return {
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "samples": len(samples),
+            "tokens": tokens,
+            "response_tokens": sum(len(s["response_ids"]) for s in samples),
+            "emulated_train_s": emulated,
+            "train_s": time.perf_counter() - t0,
+            "version": self.version,
+            "trainer": self.label,
+        }
 
-    def warm_start(self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0,
-                   shares: dict[str, float] | None = None) -> dict:
+    def warm_start(
+        self, demos: list[dict], steps: int, batch_size: int, lr: float, seed: int = 0, shares: dict[str, float] | None = None
+    ) -> dict:
         """No imitation to emulate: counts as one published version, like the real warm start."""
         self.version += 1
         return {"demos": len(demos), "steps": 0, "seconds": 0.0, "version": self.version, "trainer": self.label}

@@ -1,6 +1,7 @@
 """A local Lambda-compatible endpoint (the AWS Lambda Invoke API on 127.0.0.1): the serverless reward
 plane of the embedded default, and ``rollart rewards serve``. A tool around the runtime: the runtime
 reaches any Lambda endpoint, this one or AWS, through boto3 (``rollart_dask.data.serverless``)."""
+
 from __future__ import annotations
 
 import importlib

@@ -6,6 +6,7 @@ process's stdin/stdout, binary and without pickle: each message is one JSON head
 by ``len`` raw bytes (the JSON event, or the JSON result/error). Handler output written to
 stdout goes to stderr (the function's log file) so it can never corrupt the protocol stream.
 """
+
 import importlib
 import json
 import os
@@ -65,8 +66,12 @@ class Tee:
 
 def error_body(exc, error_type=None):
     tb = traceback.extract_tb(exc.__traceback__)
-    return {"errorMessage": str(exc), "errorType": error_type or type(exc).__name__,
-            "requestId": "", "stackTrace": traceback.format_list(tb)}
+    return {
+        "errorMessage": str(exc),
+        "errorType": error_type or type(exc).__name__,
+        "requestId": "",
+        "stackTrace": traceback.format_list(tb),
+    }
 
 
 def watch_parent():
@@ -110,8 +115,12 @@ def main():
         return 1
     fn = getattr(module, fn_name, None)
     if not callable(fn):
-        body = {"errorMessage": f"Handler '{fn_name}' missing on module '{module_name}'", "errorType": "Runtime.HandlerNotFound",
-                "requestId": "", "stackTrace": []}
+        body = {
+            "errorMessage": f"Handler '{fn_name}' missing on module '{module_name}'",
+            "errorType": "Runtime.HandlerNotFound",
+            "requestId": "",
+            "stackTrace": [],
+        }
         send({"type": "init_error"}, json.dumps(body).encode())
         return 1
     send({"type": "ready"})
@@ -131,8 +140,12 @@ def main():
             try:
                 body = json.dumps(result).encode()
             except (TypeError, ValueError) as e:
-                ok, body = False, json.dumps({**error_body(e, "Runtime.MarshalError"),
-                                              "errorMessage": f"Unable to marshal response: {e}", "stackTrace": []}).encode()
+                ok, body = (
+                    False,
+                    json.dumps(
+                        {**error_body(e, "Runtime.MarshalError"), "errorMessage": f"Unable to marshal response: {e}", "stackTrace": []}
+                    ).encode(),
+                )
         except Exception as e:
             traceback.print_exc()
             ok, body = False, json.dumps(error_body(e)).encode()

@@ -6,13 +6,17 @@ DeleteFunction and Put/Get/DeleteFunctionConcurrency, with the status codes, hea
 shapes botocore's restJson1 model for Lambda expects. Only ``$LATEST`` exists (no versions or
 aliases).
 """
+
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import io
 import re
 import uuid
+import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
@@ -75,14 +79,28 @@ class FunctionConfig:
         return f"arn:aws:lambda:{region}:{ACCOUNT}:function:{self.name}"
 
     def to_api(self, region: str) -> dict:
-        return {"FunctionName": self.name, "FunctionArn": self.arn(region), "Runtime": self.runtime, "Role": self.role,
-                "Handler": self.handler, "CodeSize": self.code_size, "Description": self.description, "Timeout": self.timeout,
-                "MemorySize": self.memory, "LastModified": self.last_modified, "CodeSha256": self.code_sha256,
-                "Version": "$LATEST", "Environment": {"Variables": dict(self.environment)},
-                "TracingConfig": {"Mode": "PassThrough"}, "RevisionId": self.revision, "State": "Active",
-                "LastUpdateStatus": "Successful", "PackageType": "Zip", "Architectures": ["x86_64"],
-                "EphemeralStorage": {"Size": 512}}
-
+        return {
+            "FunctionName": self.name,
+            "FunctionArn": self.arn(region),
+            "Runtime": self.runtime,
+            "Role": self.role,
+            "Handler": self.handler,
+            "CodeSize": self.code_size,
+            "Description": self.description,
+            "Timeout": self.timeout,
+            "MemorySize": self.memory,
+            "LastModified": self.last_modified,
+            "CodeSha256": self.code_sha256,
+            "Version": "$LATEST",
+            "Environment": {"Variables": dict(self.environment)},
+            "TracingConfig": {"Mode": "PassThrough"},
+            "RevisionId": self.revision,
+            "State": "Active",
+            "LastUpdateStatus": "Successful",
+            "PackageType": "Zip",
+            "Architectures": ["x86_64"],
+            "EphemeralStorage": {"Size": 512},
+        }
 
 
 @dataclass
@@ -91,3 +109,52 @@ class Outcome:
     body: bytes
     headers: dict
 
+
+def unzip_code(data: bytes, dest: Path):
+    """Extract a function's zip into ``dest``, refusing what Lambda refuses and any entry that escapes it."""
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+        infos = zf.infolist()
+    except (zipfile.BadZipFile, ValueError):
+        raise invalid("Could not unzip uploaded file. Please check your file, then try to upload again.") from None
+    if sum(i.file_size for i in infos) > MAX_UNZIPPED:
+        raise invalid(f"Unzipped size must be smaller than {MAX_UNZIPPED} bytes")
+    root = dest.resolve()
+    for info in infos:
+        path = (dest / info.filename).resolve()
+        if root != path and root not in path.parents:  # zip-slip
+            raise invalid(f"Could not unzip uploaded file: entry {info.filename!r} escapes the archive root")
+        if (info.external_attr >> 16) & 0o170000 == 0o120000:
+            raise invalid(f"Could not unzip uploaded file: entry {info.filename!r} is a symbolic link")
+    zf.extractall(dest)
+
+
+def config_fields(body: dict, cfg: FunctionConfig | None) -> dict:
+    """The FunctionConfig fields a CreateFunction / UpdateFunctionConfiguration body sets, each checked as Lambda does."""
+    out = {}
+    if "Runtime" in body:
+        if not str(body["Runtime"]).startswith("python"):
+            raise invalid(f"The local endpoint runs Python handlers only, not runtime {body['Runtime']!r}")
+        out["runtime"] = body["Runtime"]
+    if "Handler" in body:
+        out["handler"] = str(body["Handler"])
+    if "Role" in body:
+        out["role"] = str(body["Role"])
+    if "Timeout" in body:
+        t = body["Timeout"]
+        if not isinstance(t, int) or not 1 <= t <= 900:
+            raise invalid(f"Timeout must be an integer from 1 to 900, got {t!r}")
+        out["timeout"] = t
+    if "MemorySize" in body:
+        m = body["MemorySize"]
+        if not isinstance(m, int) or not 128 <= m <= 10240:
+            raise invalid(f"MemorySize must be an integer from 128 to 10240, got {m!r}")
+        out["memory"] = m
+    if "Environment" in body:
+        variables = (body["Environment"] or {}).get("Variables") or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
+            raise invalid("Environment.Variables must map strings to strings")
+        out["environment"] = dict(variables)
+    if "Description" in body:
+        out["description"] = str(body["Description"])
+    return out

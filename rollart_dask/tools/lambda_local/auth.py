@@ -7,6 +7,7 @@ with botocore's own signer, so plain boto3/AWS CLI usage works unchanged. ``/_lo
 ``Authorization: Bearer <token>`` (for curl); ``/_local/health`` is open. A loopback endpoint also refuses a Host
 header that is not a loopback name (DNS rebinding).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,8 +21,10 @@ from rollart_dask.data.serverless.client import TOKEN_ENV
 
 MIN_TOKEN_LEN = 16
 SIGV4_SKEW_S = 300
-SIGV4_RE = re.compile(r"^AWS4-HMAC-SHA256 Credential=([^/,\s]+)/(\d{8})/([^/,\s]+)/([^/,\s]+)/aws4_request,\s*"
-                      r"SignedHeaders=([a-z0-9;_.-]+),\s*Signature=([0-9a-f]{64})$")
+SIGV4_RE = re.compile(
+    r"^AWS4-HMAC-SHA256 Credential=([^/,\s]+)/(\d{8})/([^/,\s]+)/([^/,\s]+)/aws4_request,\s*"
+    r"SignedHeaders=([a-z0-9;_.-]+),\s*Signature=([0-9a-f]{64})$"
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -84,8 +87,10 @@ def check_token(host: str, token: str | None) -> str:
     if token is not None and len(token) < MIN_TOKEN_LEN:
         raise ValueError(f"the auth token must be at least {MIN_TOKEN_LEN} characters")
     if token is None and not is_loopback(host):
-        raise ValueError(f"refusing to bind the Lambda endpoint to non-loopback address {host!r} without an auth token "
-                         f"(pass token=... or set {TOKEN_ENV}; clients sign with it as the AWS secret access key)")
+        raise ValueError(
+            f"refusing to bind the Lambda endpoint to non-loopback address {host!r} without an auth token "
+            f"(pass token=... or set {TOKEN_ENV}; clients sign with it as the AWS secret access key)"
+        )
     return token if token is not None else secrets.token_urlsafe(24)
 
 

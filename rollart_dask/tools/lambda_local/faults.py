@@ -1,5 +1,6 @@
 """EMULATED faults of the local endpoint (the chaos suite; off unless asked): a synchronous invocation is answered
 429, 500 or late at set rates, drawn from a seeded generator in the order invocations arrive."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +24,9 @@ class EndpointFaults:
         f, u = self.spec, self.rng.random()
         if u < f["throttle"]:
             self.injected["throttle"] += 1
-            raise LambdaError(429, "TooManyRequestsException", "Rate Exceeded. (EMULATED fault)", Reason="ConcurrentInvocationLimitExceeded")
+            raise LambdaError(
+                429, "TooManyRequestsException", "Rate Exceeded. (EMULATED fault)", Reason="ConcurrentInvocationLimitExceeded"
+            )
         if u < f["throttle"] + f["error"]:
             self.injected["error"] += 1
             raise LambdaError(500, "ServiceException", "EMULATED fault: the service failed this invocation")

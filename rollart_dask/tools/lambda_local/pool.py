@@ -6,6 +6,7 @@ the handler), reused warm, retired after ``keep_warm_s`` idle, capped by the fun
 concurrency or the server-wide default (429 beyond). An overrun or dead process is killed and
 replaced, the endpoint stays up. Events and results travel as JSON, never pickle.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,7 +25,6 @@ from typing import Protocol
 from rollart_dask.tools.lambda_local.api import FunctionConfig
 
 
-
 class PoolHost(Protocol):
     """What a pool reads of the service that owns it (service.LocalLambda)."""
 
@@ -32,6 +32,7 @@ class PoolHost(Protocol):
     default_concurrency: int
     started: float
     keep_warm_s: float
+
 
 BOOTSTRAP = str(Path(__file__).with_name("_bootstrap.py"))
 ENV_PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SYSTEMROOT")
@@ -57,14 +58,31 @@ class Environment:
         """Start the process and import the handler: (init ms, error body or None)."""
         env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
         env.update({str(k): str(v) for k, v in cfg.environment.items()})
-        env.update({"LAMBDA_TASK_ROOT": str(code_dir), "_HANDLER": cfg.handler, "AWS_LAMBDA_FUNCTION_NAME": cfg.name,
-                    "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST", "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(cfg.memory),
-                    "AWS_REGION": region, "AWS_DEFAULT_REGION": region, "AWS_EXECUTION_ENV": f"AWS_Lambda_{cfg.runtime}",
-                    "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand"})
+        env.update(
+            {
+                "LAMBDA_TASK_ROOT": str(code_dir),
+                "_HANDLER": cfg.handler,
+                "AWS_LAMBDA_FUNCTION_NAME": cfg.name,
+                "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+                "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(cfg.memory),
+                "AWS_REGION": region,
+                "AWS_DEFAULT_REGION": region,
+                "AWS_EXECUTION_ENV": f"AWS_Lambda_{cfg.runtime}",
+                "AWS_LAMBDA_INITIALIZATION_TYPE": "on-demand",
+            }
+        )
         t0 = time.perf_counter()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, BOOTSTRAP, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, env=env,
-            cwd=str(code_dir), start_new_session=True, limit=1 << 20)  # own session: a kill takes its children too
+            sys.executable,
+            BOOTSTRAP,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log_fd,
+            env=env,
+            cwd=str(code_dir),
+            start_new_session=True,
+            limit=1 << 20,
+        )  # own session: a kill takes its children too
         try:
             header, body = await asyncio.wait_for(self._read(), init_timeout)
         except asyncio.TimeoutError:
@@ -219,7 +237,14 @@ class FunctionPool:
 
     def snapshot(self) -> dict:
         alive_s = self.stats.retired_alive_s + sum(time.monotonic() - e.born for e in self.envs)
-        return {**asdict(self.stats), "alive_s": round(alive_s, 3), "busy": self.busy, "idle": len(self.idle), "environments": len(self.envs),
-                "pids": sorted(e.pid for e in self.envs if e.pid and not e.dead), "concurrency_limit": self.limit(),
-                "reserved_concurrency": self.cfg.reserved, "busy_timeline": list(self.timeline)}
-
+        return {
+            **asdict(self.stats),
+            "alive_s": round(alive_s, 3),
+            "busy": self.busy,
+            "idle": len(self.idle),
+            "environments": len(self.envs),
+            "pids": sorted(e.pid for e in self.envs if e.pid and not e.dead),
+            "concurrency_limit": self.limit(),
+            "reserved_concurrency": self.cfg.reserved,
+            "busy_timeline": list(self.timeline),
+        }

@@ -4,6 +4,7 @@ One middleware per request: a request id, the body read under the size quota, au
 is set, and every failure turned into the error shape botocore parses (an endpoint fault is a
 retryable 5xx, never something that looks like a reward).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,6 +27,7 @@ BODY = _KEY("body", bytes) if _KEY else "body"
 
 def make_app(service: LocalLambda, token: str | None = None, loopback: bool = False) -> web.Application:
     """``loopback``: bound to a loopback address, so a Host header naming anything else is a DNS-rebinding page's."""
+
     async def read_body(request: web.Request) -> bytes:
         if request.content_length is not None and request.content_length > MAX_REQUEST:
             raise LambdaError(413, "RequestEntityTooLargeException", f"Request must be smaller than {MAX_REQUEST} bytes")
@@ -44,7 +46,9 @@ def make_app(service: LocalLambda, token: str | None = None, loopback: bool = Fa
         service.requests += 1
         try:
             if loopback and not loopback_host_header(request.host):
-                raise LambdaError(403, "AccessDeniedException", f"Host {request.host!r} is not a loopback name: this endpoint is bound to loopback")
+                raise LambdaError(
+                    403, "AccessDeniedException", f"Host {request.host!r} is not a loopback name: this endpoint is bound to loopback"
+                )
             kind = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
             if request.method in ("POST", "PUT") and kind not in ("", "application/json", "application/octet-stream"):
                 # (boto3's Invoke sends none; a browser's request without a CORS preflight is text/plain or a form)
@@ -62,9 +66,13 @@ def make_app(service: LocalLambda, token: str | None = None, loopback: bool = Fa
             return e.response(request_id)
         except web.HTTPException as e:
             if e.status == 404:
-                return LambdaError(404, "UnknownOperationException", f"Unknown operation {request.method} {request.path}").response(request_id)
+                return LambdaError(404, "UnknownOperationException", f"Unknown operation {request.method} {request.path}").response(
+                    request_id
+                )
             if e.status == 405:
-                return LambdaError(405, "UnknownOperationException", f"Unknown operation {request.method} {request.path}").response(request_id)
+                return LambdaError(405, "UnknownOperationException", f"Unknown operation {request.method} {request.path}").response(
+                    request_id
+                )
             raise
         except Exception as e:  # a fault of the endpoint: a retryable 5xx, never something that looks like a reward
             log.exception("request %s %s failed", request.method, request.path)
@@ -86,9 +94,14 @@ def make_app(service: LocalLambda, token: str | None = None, loopback: bool = Fa
         return web.json_response(data, status=status, headers=headers)
 
     async def invoke(request: web.Request):
-        out = await service.invoke(request.match_info["name"], request.query.get("Qualifier"), request[BODY],
-                                   request.headers.get("X-Amz-Invocation-Type", "RequestResponse"),
-                                   request.headers.get("X-Amz-Log-Type", "None"), request[REQUEST_ID])
+        out = await service.invoke(
+            request.match_info["name"],
+            request.query.get("Qualifier"),
+            request[BODY],
+            request.headers.get("X-Amz-Invocation-Type", "RequestResponse"),
+            request.headers.get("X-Amz-Log-Type", "None"),
+            request[REQUEST_ID],
+        )
         return web.Response(status=out.status, body=out.body, headers=out.headers)
 
     async def create(request):
@@ -126,7 +139,9 @@ def make_app(service: LocalLambda, token: str | None = None, loopback: bool = Fa
 
     async def health(request):
         sock = request.transport.get_extra_info("socket") if request.transport else None
-        nodelay = bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) if sock is not None and sock.family != socket.AF_UNIX else None
+        nodelay = (
+            bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) if sock is not None and sock.family != socket.AF_UNIX else None
+        )
         return reply(request, {"status": "ok", "functions": len(service.pools), "tcp_nodelay": nodelay})
 
     async def stats(request):

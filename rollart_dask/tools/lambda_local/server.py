@@ -4,6 +4,7 @@ background, a thread or a child process) and ``python -m rollart_dask.tools.lamb
 The endpoint's parts: ``api`` (names, quotas, records, error shapes), ``pool`` (worker processes),
 ``service`` (function store and invocation), ``routes`` (HTTP) and ``auth`` (SigV4/token).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,21 +48,34 @@ async def _start(host: str, port: int, service: LocalLambda, token: str | None) 
     sock.bind(addr)
     sock.listen(1024)
     sock.setblocking(False)
-    runner = web.AppRunner(make_app(service, token, loopback=is_loopback(host)), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    runner = web.AppRunner(
+        make_app(service, token, loopback=is_loopback(host)), access_log=None, handle_signals=False, shutdown_timeout=2.0
+    )
     await runner.setup()
     await web.SockSite(runner, sock, backlog=1024).start()
     return runner, _url(host, sock.getsockname()[1])
 
 
-def serve(host: str = "127.0.0.1", port: int = 9001, state_dir: str | Path | None = None, keep_warm_s: float = 300.0,
-          default_concurrency: int | None = None, token: str | None = None, region: str = "us-east-1",
-          init_timeout_s: float = 10.0, on_ready=None, exit_with_parent: bool = False, faults: dict | None = None) -> None:
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 9001,
+    state_dir: str | Path | None = None,
+    keep_warm_s: float = 300.0,
+    default_concurrency: int | None = None,
+    token: str | None = None,
+    region: str = "us-east-1",
+    init_timeout_s: float = 10.0,
+    on_ready=None,
+    exit_with_parent: bool = False,
+    faults: dict | None = None,
+) -> None:
     """Run the endpoint until SIGINT/SIGTERM (blocking). ``token`` defaults to $ROLLART_LAMBDA_TOKEN, else a new one
     (printed); a non-loopback ``host`` without one raises ValueError. ``on_ready(url)`` is called once listening.
     ``exit_with_parent``: also stop when the parent process goes away (an embedded endpoint)."""
     token = check_token(host, token)
-    service = LocalLambda(Path(state_dir) if state_dir else default_state_dir(), region, keep_warm_s, default_concurrency,
-                          init_timeout_s, faults=faults)
+    service = LocalLambda(
+        Path(state_dir) if state_dir else default_state_dir(), region, keep_warm_s, default_concurrency, init_timeout_s, faults=faults
+    )
 
     async def main():
         stop = asyncio.Event()
@@ -84,8 +98,12 @@ def serve(host: str = "127.0.0.1", port: int = 9001, state_dir: str | Path | Non
             if on_ready is not None:
                 on_ready(url)
             else:
-                print(f"rollart lambda endpoint: {url} (state {service.state_dir})\ntoken (sign with it as the AWS secret access key, or "
-                      f"set {TOKEN_ENV} for the run): {token}", file=sys.stderr, flush=True)
+                print(
+                    f"rollart lambda endpoint: {url} (state {service.state_dir})\ntoken (sign with it as the AWS secret access key, or "
+                    f"set {TOKEN_ENV} for the run): {token}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             await stop.wait()
         finally:
             if watcher is not None:
@@ -125,10 +143,19 @@ class LocalEndpoint:
         self.stop()
 
 
-def start_local_endpoint(host: str = "127.0.0.1", port: int = 0, state_dir: str | Path | None = None,
-                         keep_warm_s: float = 300.0, default_concurrency: int | None = None, token: str | None = None,
-                         region: str = "us-east-1", init_timeout_s: float = 10.0, mode: str = "thread",
-                         ready_timeout_s: float = 30.0, faults: dict | None = None) -> LocalEndpoint:
+def start_local_endpoint(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    state_dir: str | Path | None = None,
+    keep_warm_s: float = 300.0,
+    default_concurrency: int | None = None,
+    token: str | None = None,
+    region: str = "us-east-1",
+    init_timeout_s: float = 10.0,
+    mode: str = "thread",
+    ready_timeout_s: float = 30.0,
+    faults: dict | None = None,
+) -> LocalEndpoint:
     """Start the endpoint in the background and return once it accepts requests; port 0 picks a free port.
 
     mode="thread": its own event loop in a daemon thread of this process (tests, light use).
@@ -178,8 +205,23 @@ def start_local_endpoint(host: str = "127.0.0.1", port: int = 0, state_dir: str 
 
 
 def _start_process(host, port, state, keep_warm_s, default_concurrency, token, region, init_timeout_s, ready_timeout_s, faults=None):
-    cmd = [sys.executable, "-m", "rollart_dask.tools.lambda_local.server", "--host", host, "--state-dir", str(state),
-           "--keep-warm-s", str(keep_warm_s), "--region", region, "--init-timeout-s", str(init_timeout_s), "--print-url", "--exit-with-parent"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollart_dask.tools.lambda_local.server",
+        "--host",
+        host,
+        "--state-dir",
+        str(state),
+        "--keep-warm-s",
+        str(keep_warm_s),
+        "--region",
+        region,
+        "--init-timeout-s",
+        str(init_timeout_s),
+        "--print-url",
+        "--exit-with-parent",
+    ]
     if default_concurrency:
         cmd += ["--default-concurrency", str(default_concurrency)]
     if faults:
@@ -240,8 +282,9 @@ class EndpointProcess:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m rollart_dask.tools.lambda_local.server",
-                                description="Local AWS-Lambda-compatible endpoint for reward functions")
+    p = argparse.ArgumentParser(
+        prog="python -m rollart_dask.tools.lambda_local.server", description="Local AWS-Lambda-compatible endpoint for reward functions"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9001)
     p.add_argument("--state-dir", default=None)
@@ -251,13 +294,29 @@ def main(argv=None):
     p.add_argument("--init-timeout-s", type=float, default=10.0)
     p.add_argument("--print-url", action="store_true", help="print the URL on stdout once listening")
     p.add_argument("--exit-with-parent", action="store_true", help="stop when the parent process exits")
-    p.add_argument("--faults", type=json.loads, default=None, metavar="JSON",
-                   help='EMULATED faults: {"throttle": p, "error": p, "slow": p, "slow_s": s, "seed": n}')
+    p.add_argument(
+        "--faults",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='EMULATED faults: {"throttle": p, "error": p, "slow": p, "slow_s": s, "seed": n}',
+    )
     a = p.parse_args(argv)
     on_ready = (lambda url: print(url, flush=True)) if a.print_url else None
     try:
-        serve(a.host, a.port, a.state_dir, a.keep_warm_s, a.default_concurrency, None, a.region, a.init_timeout_s, on_ready,
-              a.exit_with_parent, a.faults)
+        serve(
+            a.host,
+            a.port,
+            a.state_dir,
+            a.keep_warm_s,
+            a.default_concurrency,
+            None,
+            a.region,
+            a.init_timeout_s,
+            on_ready,
+            a.exit_with_parent,
+            a.faults,
+        )
     except ValueError as e:
         p.exit(2, f"error: {e}\n")
 

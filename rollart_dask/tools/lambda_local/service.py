@@ -4,13 +4,13 @@ The HTTP layer (``routes``) is a thin shell around ``LocalLambda``. A handler th
 or overruns its Timeout yields ``X-Amz-Function-Error: Unhandled``; asynchronous (Event)
 invocations queue while throttled.
 """
+
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
 import hashlib
-import io
 import json
 import math
 import os
@@ -18,7 +18,6 @@ import shutil
 import tempfile
 import time
 import uuid
-import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,15 +26,16 @@ from rollart_dask.tools.lambda_local.api import (
     ARN_RE,
     MAX_ASYNC_PAYLOAD,
     MAX_SYNC_PAYLOAD,
-    MAX_UNZIPPED,
     MAX_ZIP,
     NAME_RE,
     FunctionConfig,
     LambdaError,
     Outcome,
     _now_iso,
+    config_fields,
     invalid,
     not_found,
+    unzip_code,
 )
 from rollart_dask.tools.lambda_local.faults import EndpointFaults
 from rollart_dask.tools.lambda_local.pool import Environment, FunctionPool, Throttled, WorkerGone
@@ -44,9 +44,16 @@ from rollart_dask.tools.lambda_local.pool import Environment, FunctionPool, Thro
 class LocalLambda:
     """The functions, their code and their pools; the HTTP layer is a thin shell around it."""
 
-    def __init__(self, state_dir: Path, region: str = "us-east-1", keep_warm_s: float = 300.0,
-                 default_concurrency: int | None = None, init_timeout_s: float = 10.0, max_event_age_s: float = 60.0,
-                 faults: dict | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        region: str = "us-east-1",
+        keep_warm_s: float = 300.0,
+        default_concurrency: int | None = None,
+        init_timeout_s: float = 10.0,
+        max_event_age_s: float = 60.0,
+        faults: dict | None = None,
+    ):
         self.state_dir = Path(state_dir).resolve()  # file URIs in GetFunction need an absolute path
         self.faults = EndpointFaults(faults)  # EMULATED 429 / 500 / late answers (the chaos suite), off by default
         self.region, self.keep_warm_s, self.init_timeout_s, self.max_event_age_s = region, keep_warm_s, init_timeout_s, max_event_age_s
@@ -97,7 +104,7 @@ class LocalLambda:
         if not target.is_dir():
             tmp = Path(tempfile.mkdtemp(dir=self.state_dir / "code", prefix=".tmp-"))
             try:
-                self._unzip(data, tmp)
+                unzip_code(data, tmp)
                 (self.state_dir / "code" / f"{digest}.zip").write_bytes(data)
                 try:
                     tmp.rename(target)
@@ -112,24 +119,6 @@ class LocalLambda:
         # Decoding and unzipping are blocking: keep the loop serving invocations meanwhile.
         return await asyncio.get_running_loop().run_in_executor(None, self._store_code, zip_b64)
 
-    @staticmethod
-    def _unzip(data: bytes, dest: Path):
-        try:
-            zf = zipfile.ZipFile(io.BytesIO(data))
-            infos = zf.infolist()
-        except (zipfile.BadZipFile, ValueError):
-            raise invalid("Could not unzip uploaded file. Please check your file, then try to upload again.") from None
-        if sum(i.file_size for i in infos) > MAX_UNZIPPED:
-            raise invalid(f"Unzipped size must be smaller than {MAX_UNZIPPED} bytes")
-        root = dest.resolve()
-        for info in infos:
-            path = (dest / info.filename).resolve()
-            if root != path and root not in path.parents:  # zip-slip
-                raise invalid(f"Could not unzip uploaded file: entry {info.filename!r} escapes the archive root")
-            if (info.external_attr >> 16) & 0o170000 == 0o120000:
-                raise invalid(f"Could not unzip uploaded file: entry {info.filename!r} is a symbolic link")
-        zf.extractall(dest)
-
     def _save(self, cfg: FunctionConfig):
         path = self.state_dir / "functions" / f"{cfg.name}.json"
         tmp = path.with_suffix(".tmp")
@@ -137,36 +126,6 @@ class LocalLambda:
         tmp.replace(path)
 
     # --- management ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _config_fields(body: dict, cfg: FunctionConfig | None) -> dict:
-        out = {}
-        if "Runtime" in body:
-            if not str(body["Runtime"]).startswith("python"):
-                raise invalid(f"The local endpoint runs Python handlers only, not runtime {body['Runtime']!r}")
-            out["runtime"] = body["Runtime"]
-        if "Handler" in body:
-            out["handler"] = str(body["Handler"])
-        if "Role" in body:
-            out["role"] = str(body["Role"])
-        if "Timeout" in body:
-            t = body["Timeout"]
-            if not isinstance(t, int) or not 1 <= t <= 900:
-                raise invalid(f"Timeout must be an integer from 1 to 900, got {t!r}")
-            out["timeout"] = t
-        if "MemorySize" in body:
-            m = body["MemorySize"]
-            if not isinstance(m, int) or not 128 <= m <= 10240:
-                raise invalid(f"MemorySize must be an integer from 128 to 10240, got {m!r}")
-            out["memory"] = m
-        if "Environment" in body:
-            variables = (body["Environment"] or {}).get("Variables") or {}
-            if not all(isinstance(k, str) and isinstance(v, str) for k, v in variables.items()):
-                raise invalid("Environment.Variables must map strings to strings")
-            out["environment"] = dict(variables)
-        if "Description" in body:
-            out["description"] = str(body["Description"])
-        return out
 
     async def create_function(self, body: dict) -> dict:
         ref = body.get("FunctionName") or ""
@@ -181,7 +140,7 @@ class LocalLambda:
             raise invalid("The local endpoint supports PackageType Zip only")
         if name in self.pools:
             raise LambdaError(409, "ResourceConflictException", f"Function already exist: {name}")
-        fields = self._config_fields(body, None)
+        fields = config_fields(body, None)
         code_hex, size = await self._store_code_async((body.get("Code") or {}).get("ZipFile"))
         if name in self.pools:  # created while the code was unzipped
             raise LambdaError(409, "ResourceConflictException", f"Function already exist: {name}")
@@ -202,7 +161,7 @@ class LocalLambda:
 
     def update_configuration(self, ref: str, body: dict) -> dict:
         pool = self.resolve(ref)
-        for k, v in self._config_fields(body, pool.cfg).items():
+        for k, v in config_fields(body, pool.cfg).items():
             setattr(pool.cfg, k, v)
         pool.cfg.last_modified, pool.cfg.revision = _now_iso(), str(uuid.uuid4())
         self._save(pool.cfg)
@@ -211,9 +170,11 @@ class LocalLambda:
 
     def get_function(self, ref: str, qualifier: str | None) -> dict:
         pool = self.resolve(ref, qualifier)
-        out = {"Configuration": pool.cfg.to_api(self.region),
-               "Code": {"RepositoryType": "S3", "Location": (self.state_dir / "code" / f"{pool.cfg.code_hex}.zip").as_uri()},
-               "Tags": {}}
+        out = {
+            "Configuration": pool.cfg.to_api(self.region),
+            "Code": {"RepositoryType": "S3", "Location": (self.state_dir / "code" / f"{pool.cfg.code_hex}.zip").as_uri()},
+            "Tags": {},
+        }
         if pool.cfg.reserved is not None:
             out["Concurrency"] = {"ReservedConcurrentExecutions": pool.cfg.reserved}
         return out
@@ -254,8 +215,7 @@ class LocalLambda:
                 pool.envs.add(env)
                 fd = pool.log_fd()
                 try:
-                    init_ms, init_error = await env.start(cfg, self.state_dir / "code" / cfg.code_hex, self.region, fd,
-                                                          self.init_timeout_s)
+                    init_ms, init_error = await env.start(cfg, self.state_dir / "code" / cfg.code_hex, self.region, fd, self.init_timeout_s)
                 finally:
                     os.close(fd)
                 pool.stats.cold_starts += 1
@@ -276,8 +236,9 @@ class LocalLambda:
                 result, body = {"ok": False}, json.dumps({"errorMessage": msg, "errorType": "Sandbox.Timedout"}).encode()
             except WorkerGone as e:
                 result = {"ok": False}
-                body = json.dumps({"errorMessage": f"RequestId: {request_id} Error: Runtime exited with error: {e}",
-                                   "errorType": "Runtime.ExitError"}).encode()
+                body = json.dumps(
+                    {"errorMessage": f"RequestId: {request_id} Error: Runtime exited with error: {e}", "errorType": "Runtime.ExitError"}
+                ).encode()
             report["duration_ms"] = (time.perf_counter() - t0) * 1000
             report["max_rss_mb"] = result.get("max_rss_mb", 0)
             return result, body, report
@@ -299,21 +260,25 @@ class LocalLambda:
 
     def report_tail(self, pool: FunctionPool, report: dict, request_id: str) -> str:
         init = f"\tInit Duration: {report['init_ms']:.2f} ms" if report["cold"] else ""
-        text = (f"START RequestId: {request_id} Version: $LATEST\n{report.get('log', '')}END RequestId: {request_id}\n"
-                f"REPORT RequestId: {request_id}\tDuration: {report.get('duration_ms', 0.0):.2f} ms\t"
-                f"Billed Duration: {report['billed_ms']} ms\tMemory Size: {pool.cfg.memory} MB\t"
-                f"Max Memory Used: {report.get('max_rss_mb', 0)} MB{init}\t\n")
+        text = (
+            f"START RequestId: {request_id} Version: $LATEST\n{report.get('log', '')}END RequestId: {request_id}\n"
+            f"REPORT RequestId: {request_id}\tDuration: {report.get('duration_ms', 0.0):.2f} ms\t"
+            f"Billed Duration: {report['billed_ms']} ms\tMemory Size: {pool.cfg.memory} MB\t"
+            f"Max Memory Used: {report.get('max_rss_mb', 0)} MB{init}\t\n"
+        )
         return base64.b64encode(text.encode()[-4096:]).decode()
 
-    async def invoke(self, ref: str, qualifier: str | None, payload: bytes, invocation_type: str, log_type: str,
-                     request_id: str) -> Outcome:
+    async def invoke(
+        self, ref: str, qualifier: str | None, payload: bytes, invocation_type: str, log_type: str, request_id: str
+    ) -> Outcome:
         pool = self.resolve(ref, qualifier)
         if invocation_type not in ("RequestResponse", "Event", "DryRun"):
             raise invalid(f"Unsupported InvocationType {invocation_type!r}")
         limit = MAX_ASYNC_PAYLOAD if invocation_type == "Event" else MAX_SYNC_PAYLOAD
         if len(payload) > limit:
-            raise LambdaError(413, "RequestEntityTooLargeException",
-                              f"Request must be smaller than {limit} bytes for the InvokeFunction operation")
+            raise LambdaError(
+                413, "RequestEntityTooLargeException", f"Request must be smaller than {limit} bytes for the InvokeFunction operation"
+            )
         if payload.strip():
             try:
                 json.loads(payload)
@@ -332,16 +297,28 @@ class LocalLambda:
         try:
             result, body, report = await self._run(pool, payload, request_id)
         except Throttled:
-            reason = ("ReservedFunctionConcurrentInvocationLimitExceeded" if pool.cfg.reserved is not None
-                      else "ConcurrentInvocationLimitExceeded")
+            reason = (
+                "ReservedFunctionConcurrentInvocationLimitExceeded"
+                if pool.cfg.reserved is not None
+                else "ConcurrentInvocationLimitExceeded"
+            )
             raise LambdaError(429, "TooManyRequestsException", "Rate Exceeded.", Reason=reason) from None
         if result.get("ok") and len(body) > MAX_SYNC_PAYLOAD:
             result = {"ok": False, "log": result.get("log", "")}
-            body = json.dumps({"errorMessage": f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload "
-                                               f"size ({MAX_SYNC_PAYLOAD} bytes).", "errorType": "Function.ResponseSizeTooLarge"}).encode()
+            body = json.dumps(
+                {
+                    "errorMessage": f"Response payload size ({len(body)} bytes) exceeded maximum allowed payload "
+                    f"size ({MAX_SYNC_PAYLOAD} bytes).",
+                    "errorType": "Function.ResponseSizeTooLarge",
+                }
+            ).encode()
         self._account(pool, result, body, report, request_id)
-        headers = {**base, "Content-Type": "application/json", "X-Rollart-Billed-Ms": str(report["billed_ms"]),
-                   "X-Rollart-Cold-Start": "true" if report["cold"] else "false"}
+        headers = {
+            **base,
+            "Content-Type": "application/json",
+            "X-Rollart-Billed-Ms": str(report["billed_ms"]),
+            "X-Rollart-Cold-Start": "true" if report["cold"] else "false",
+        }
         if report["cold"]:
             headers["X-Rollart-Init-Ms"] = f"{report['init_ms']:.2f}"
         if not result.get("ok"):
@@ -389,8 +366,12 @@ class LocalLambda:
             await asyncio.wait(waits, timeout=5)
 
     def stats(self) -> dict:
-        return {"uptime_s": round(time.monotonic() - self.started, 3), "requests": self.requests,
-                "auth_failures": self.auth_failures, "default_concurrency": self.default_concurrency,
-                "keep_warm_s": self.keep_warm_s, "functions": {n: p.snapshot() for n, p in self.pools.items()},
-                **({"emulated_faults": self.faults.injected} if self.faults.active else {})}
-
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "requests": self.requests,
+            "auth_failures": self.auth_failures,
+            "default_concurrency": self.default_concurrency,
+            "keep_warm_s": self.keep_warm_s,
+            "functions": {n: p.snapshot() for n, p in self.pools.items()},
+            **({"emulated_faults": self.faults.injected} if self.faults.active else {}),
+        }

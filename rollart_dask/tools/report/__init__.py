@@ -1,6 +1,7 @@
 """`rollart report`: one static HTML page (index.html beside its PNGs) of one run, or comparing runs, read from their
 run directories alone (metrics.jsonl, flow.yaml, summary.json) — no cluster, no live run needed; a run still writing
 is reported as far as it got."""
+
 from __future__ import annotations
 
 import html
@@ -22,7 +23,7 @@ pre{background:#f8f8f8;padding:8px;font-size:12px;overflow:auto}.muted{color:#77
 
 CAPTIONS = {  # what each figure reads from (the metrics.jsonl keys), so a reader can check it against the rows
     "heldout.png": "eval rows: success per task on the held-out seeds (greedy unless eval.temperature), with the 95% interval; against wall time and policy version. "
-                   "An incomplete evaluation (eval calls that failed after their retries) is no score: left out, a dotted vertical line, labelled.",
+    "An incomplete evaluation (eval calls that failed after their retries) is no score: left out, a dotted vertical line, labelled.",
     "train.png": "step rows: reward_mean and success of the trained batch.",
     "policy.png": "step rows: entropy, approx_kl (to the behaviour policy), clip_frac of the update.",
     "staleness.png": "step rows: staleness histogram of the trained trajectories (versions behind the trainer).",
@@ -74,10 +75,17 @@ def _table(runs: list[RunData]) -> str:
     rows = []
     for run in runs:
         planned = (run.flow.get("trainer") or {}).get("steps")
-        cells = [f"<b>{html.escape(run.label)}</b><br><span class=muted>{html.escape(str(run.path.resolve()))}</span>",
-                 html.escape(str(run.flow.get("name", "?"))), html.escape(run.mode),
-                 f"{len(run.steps)}" + (f" of {planned}" if planned and planned >= len(run.steps) else ""),  # a --resume's flow plans the rest only
-                 str(run.steps[-1]["version"]) if run.steps else "0", _elapsed(run), _heldout(run), _accounting(run)]
+        cells = [
+            f"<b>{html.escape(run.label)}</b><br><span class=muted>{html.escape(str(run.path.resolve()))}</span>",
+            html.escape(str(run.flow.get("name", "?"))),
+            html.escape(run.mode),
+            f"{len(run.steps)}"
+            + (f" of {planned}" if planned and planned >= len(run.steps) else ""),  # a --resume's flow plans the rest only
+            str(run.steps[-1]["version"]) if run.steps else "0",
+            _elapsed(run),
+            _heldout(run),
+            _accounting(run),
+        ]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
 
@@ -95,15 +103,22 @@ def build_report(paths: list[str | Path], out: str | Path | None = None, dpi: in
             skipped.append(heading)
             continue
         fig.savefig(out_dir / name, dpi=dpi)
-        sections.append(f"<section><h2>{html.escape(heading)}</h2><figure><img src='{name}' alt='{html.escape(heading)}'>"
-                        f"<figcaption>{html.escape(CAPTIONS[name])}</figcaption></figure></section>")
-    flows = "".join(f"<details><summary>flow of {html.escape(r.label)}</summary><pre>{html.escape(yaml.safe_dump(r.flow, sort_keys=False))}</pre></details>"
-                    for r in runs if r.flow)
+        sections.append(
+            f"<section><h2>{html.escape(heading)}</h2><figure><img src='{name}' alt='{html.escape(heading)}'>"
+            f"<figcaption>{html.escape(CAPTIONS[name])}</figcaption></figure></section>"
+        )
+    flows = "".join(
+        f"<details><summary>flow of {html.escape(r.label)}</summary><pre>{html.escape(yaml.safe_dump(r.flow, sort_keys=False))}</pre></details>"
+        for r in runs
+        if r.flow
+    )
     title = f"rollart report — {runs[0].label}" if len(runs) == 1 else f"rollart report — {len(runs)} runs compared"
     note = f"<p class=muted>not drawn (no run recorded their figures): {html.escape(', '.join(skipped))}</p>" if skipped else ""
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1><p class=muted>written {time.strftime('%Y-%m-%d %H:%M')} from the runs' metrics.jsonl, "
-            f"flow.yaml and summary.json</p>{_table(runs)}{flows}{''.join(sections)}{note}</body></html>")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p class=muted>written {time.strftime('%Y-%m-%d %H:%M')} from the runs' metrics.jsonl, "
+        f"flow.yaml and summary.json</p>{_table(runs)}{flows}{''.join(sections)}{note}</body></html>"
+    )
     index = out_dir / "index.html"
     index.write_text(page)
     return index

@@ -5,6 +5,7 @@ Figures that put one line per run compare runs on one axes; those with several s
 staleness, drops) give each run a panel of its own, on shared axes. No pyplot: Figure objects only (no global
 state, no display needed).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,7 +41,7 @@ def _series(rows: list[dict], path: str) -> tuple[list[float], list[float]]:
 
 def _smooth(ys: list[float], k: int = 5) -> list[float]:
     """Trailing mean over k steps: a per-step train figure of a few groups is noisy."""
-    return [sum(ys[max(0, i - k + 1): i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(ys))]
+    return [sum(ys[max(0, i - k + 1) : i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(ys))]
 
 
 def _grid(n: int, cols: int, title: str, height: float = 3.0, sharey: bool = False) -> tuple[Figure, list]:
@@ -80,7 +81,9 @@ def heldout(runs: list[RunData]) -> Figure | None:
                     ax.plot(xs, ys, style, marker=".", color=_color(i), label=label)
                     ax.fill_between(xs, lo, hi, color=_color(i), alpha=0.12, linewidth=0)
                 for k, e in enumerate(missing):
-                    ax.axvline(x(e), color=_color(i), linestyle=":", linewidth=1, label=f"{label}: incomplete evaluation" if k == 0 else None)
+                    ax.axvline(
+                        x(e), color=_color(i), linestyle=":", linewidth=1, label=f"{label}: incomplete evaluation" if k == 0 else None
+                    )
     by_time.set_xlabel("minutes since start")
     by_version.set_xlabel("policy version")
     for ax in (by_time, by_version):
@@ -114,28 +117,57 @@ def _per_step_lines(runs: list[RunData], panels: list[tuple[str, str]], title: s
 def train(runs: list[RunData]) -> Figure | None:
     tasks = sorted({t for r in runs for s in r.steps for t in s.get("tasks", {})})
     per_task = [(f"tasks/{t}/success", f"train success · {t}") for t in tasks] if len(tasks) > 1 else []
-    return _per_step_lines(runs, [("reward_mean", "train reward"), ("success", "train success"), *per_task],
-                           "training batches (faint: per step; line: trailing mean)", smooth=True)
+    return _per_step_lines(
+        runs,
+        [("reward_mean", "train reward"), ("success", "train success"), *per_task],
+        "training batches (faint: per step; line: trailing mean)",
+        smooth=True,
+    )
 
 
 def policy(runs: list[RunData]) -> Figure | None:
-    return _per_step_lines(runs, [("entropy", "entropy"), ("approx_kl", "approx. KL to the behaviour policy"), ("clip_frac", "PPO clip fraction")],
-                           "the policy's update (faint: per step; line: trailing mean)", smooth=True)
+    return _per_step_lines(
+        runs,
+        [("entropy", "entropy"), ("approx_kl", "approx. KL to the behaviour policy"), ("clip_frac", "PPO clip fraction")],
+        "the policy's update (faint: per step; line: trailing mean)",
+        smooth=True,
+    )
 
 
 def weights(runs: list[RunData]) -> Figure | None:
-    stores = sorted({f"{s['weights'].get('store', '?')} ({s['weights'].get('bytes', 0) / 2**20:.2f} MiB per version)"
-                     for r in runs for s in r.steps if isinstance(s.get("weights"), dict)})
-    return _per_step_lines(runs, [("weights/publish_s", "publish (s)"), ("weights/transfer_s", "engines' pull (s)"),
-                                  ("weights/waited_s", "rollout waited for weights (s)")], "weight transfer: " + ", ".join(stores))
+    stores = sorted(
+        {
+            f"{s['weights'].get('store', '?')} ({s['weights'].get('bytes', 0) / 2**20:.2f} MiB per version)"
+            for r in runs
+            for s in r.steps
+            if isinstance(s.get("weights"), dict)
+        }
+    )
+    return _per_step_lines(
+        runs,
+        [
+            ("weights/publish_s", "publish (s)"),
+            ("weights/transfer_s", "engines' pull (s)"),
+            ("weights/waited_s", "rollout waited for weights (s)"),
+        ],
+        "weight transfer: " + ", ".join(stores),
+    )
 
 
 def rewards(runs: list[RunData]) -> Figure | None:
     names = sorted({n for r in runs for s in r.steps for n in (s.get("reward") or {}).get("rewards", {})})
-    return _per_step_lines(runs, [("reward/calls", "reward calls per step"), *[(f"reward/rewards/{n}/latency_ms", f"{n}: latency (ms)") for n in names],
-                                  ("reward/utilisation", "reward service utilisation"), ("reward/cold_starts", "serverless cold starts"),
-                                  ("reward/throttles", "serverless throttles"), ("reward/errors", "serverless errors")],
-                           "reward service (" + ", ".join(sorted({str((s.get('reward') or {}).get('mode')) for r in runs for s in r.steps})) + ")")
+    return _per_step_lines(
+        runs,
+        [
+            ("reward/calls", "reward calls per step"),
+            *[(f"reward/rewards/{n}/latency_ms", f"{n}: latency (ms)") for n in names],
+            ("reward/utilisation", "reward service utilisation"),
+            ("reward/cold_starts", "serverless cold starts"),
+            ("reward/throttles", "serverless throttles"),
+            ("reward/errors", "serverless errors"),
+        ],
+        "reward service (" + ", ".join(sorted({str((s.get("reward") or {}).get("mode")) for r in runs for s in r.steps})) + ")",
+    )
 
 
 def _per_run(runs: list[RunData], title: str, ylabel: str, draw: Callable, omit_if_empty: bool = True) -> Figure | None:
@@ -217,6 +249,7 @@ def pools(runs: list[RunData]) -> Figure | None:
 
 def dropped(runs: list[RunData]) -> Figure | None:
     """The buffer's counts of work not trained (cumulative over the run) and the calls reissued after a lost worker."""
+
     def draw(ax, run):
         keys = sorted({k for s in run.steps for k in s.get("buffer", {}) if k not in NOT_DROPPED})
         for k in keys:

@@ -1,4 +1,5 @@
 """A finished (or running) run directory, read for the report: its metrics.jsonl rows by kind, flow.yaml, summary.json."""
+
 from __future__ import annotations
 
 import gzip
