@@ -1,4 +1,4 @@
-"""Engines that leave and join a running run (the telemetry monitor sees them come and go).
+"""Engines that leave and join a running run (control/membership.py is told they come and go).
 
 A lost engine stops taking calls; its requests fail over (their trajectories are relaunched) and a transfer
 to it is not waited for. A worker that joins one of the run's engine pools — its Nanny's restart of a lost

@@ -1,4 +1,4 @@
-"""A trainer re-created when its worker is lost (the telemetry monitor sees it go).
+"""A trainer re-created when its worker is lost (control/membership.py is told it goes).
 
 Dask cannot recompute a trainer: its state is the sum of every step trained. So the run keeps, in the
 client, every trainer call since the last checkpoint (the warm start, each step's batch) with the version
@@ -63,7 +63,7 @@ class TrainerRecovery:
         self.healthy.set()
         self._task: asyncio.Task | None = None
         self._lost: str | None = None  # the trainer's worker being replaced
-        self.seen_comm = None  # the client's scheduler connection the monitor last saw
+        self.seen_comm = None  # the client's scheduler connection the membership watch last saw
         self._sent_to: dict[str, str] = {}  # a trainer call's key → the trainer's worker it was sent to
 
     # -- what the run tells it ------------------------------------------------------------------------
@@ -75,7 +75,7 @@ class TrainerRecovery:
         self.log = [r for r in self.log if r.version > version]
 
     def trainer_lost(self, address: str) -> None:
-        """From the monitor: re-create the trainer (a second loss during the first re-creation starts it over)."""
+        """From the membership watch: re-create the trainer (a second loss during the first re-creation starts it over)."""
         self.healthy.clear()
         self.down.set()
         self.run.services.weights.trainer_lost()
@@ -99,7 +99,7 @@ class TrainerRecovery:
 
     def watch_connection(self) -> Callable[[], None]:
         """Be told at once when the client loses the scheduler (distributed has no public hook: its reconnect is wrapped);
-        returns what undoes it. The monitor also sees a new connection (control/telemetry.py)."""
+        returns what undoes it. The membership watch also sees a new connection (control/membership.py)."""
         client = self.run.services.client
 
         def first():

@@ -19,7 +19,7 @@ from rollart_dask.algo.advantages import advantage_fn
 from rollart_dask.algo.heldout import incomplete_note, is_complete
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
-from rollart_dask.control import elastic, evaluation, phases, placement, stopping, wiring
+from rollart_dask.control import elastic, evaluation, membership, phases, placement, stopping, wiring
 from rollart_dask.control.buffer import Group, SampleBuffer
 from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
@@ -329,7 +329,7 @@ class Run:
         t = self.telemetry
         self._unwatch = self.recovery.watch_connection()  # (undone at stop: the client may be the user's)
         self._bg = stopping.background(
-            self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "monitor": t.monitor(), "feed": t.feed()}
+            self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "membership": membership.watch(self), "feed": t.feed()}
         )
         notify = on_step or (lambda run: None)
         try:

@@ -1,7 +1,6 @@
-"""Telemetry beside the protocol: a watchdog for a run that makes no progress, a monitor for workers
-that leave or join, the dashboard feed, and the rollout figures of each step (pool busy fractions,
-tokens/s, reward service, stage latencies). None of it decides anything the protocol does, except
-that the monitor reports a lost trainer or engine, which ends the run (``Run.fatal``).
+"""Telemetry beside the protocol: a watchdog for a run that makes no progress, the dashboard feed, and the
+rollout figures of each step (pool busy fractions, tokens/s, reward service, stage latencies). None of it decides
+anything the protocol does. (Workers that join or leave: control/membership.py.)
 """
 
 from __future__ import annotations
@@ -10,12 +9,9 @@ import asyncio
 import time
 from collections import Counter
 
-from rollart_dask import compat
-from rollart_dask.control import elastic
 from rollart_dask.control.snapshot import TOPIC, build_snapshot
 from rollart_dask.data import plugins, tasks
 from rollart_dask.observe import console
-from rollart_dask.resource.pools import PoolMap
 
 PD_STATS = (
     "pd_prefill_requests",
@@ -97,42 +93,6 @@ class Telemetry:
                     task.print_stack(limit=8, file=f)
             run.counts["watchdog_alerts"] += 1
             run.progress_at = time.monotonic()
-
-    async def monitor(self) -> None:
-        """Workers that leave fail their calls over (a lost trainer is re-created, a lost engine stops taking calls);
-        env workers that join get envs, engine workers are brought to the engines' version (control/elastic.py)."""
-        run, s = self.run, self.run.services
-        known = set(s.poolmap.workers)
-        while not run.launcher.stopping:
-            await asyncio.sleep(1.0)
-            comm, seen = compat.scheduler_connection(s.client), run.recovery.seen_comm
-            if seen is not None and comm is not seen:  # a new connection to the scheduler: the old one's futures are gone
-                run.recovery.connection_lost()
-            run.recovery.seen_comm = comm
-            try:
-                info = await asyncio.wait_for(s.client.scheduler.identity(), 10)
-            except Exception:
-                continue
-            current = PoolMap.from_scheduler_info(info)
-            now = set(current.workers)
-            for addr in known - now:
-                lost = s.d.worker_lost(addr)
-                s.em.worker_lost(addr)
-                elastic.engine_lost(run, addr)
-                run.counts["workers_lost"] += 1
-                console.print(f"[yellow]worker {s.poolmap.name(addr)} left the cluster ({lost} calls failed over)[/yellow]")
-                if addr == s.trainer:  # re-created on a TRAIN worker, restored and replayed (control/recovery.py)
-                    run.recovery.trainer_lost(addr)
-            for addr in now - known:
-                s.poolmap.workers[addr] = current.workers[addr]
-                resources = current.workers[addr]["resources"]
-                if "CPU" in resources:
-                    s.em.worker_joined(addr)
-                s.em.reward_worker_joined(addr, resources)
-                pool = next((p for p in s.layout if p in resources), None)
-                if pool is not None and not {"TRAIN", "REWARD"} & set(resources):  # (where the engine plugin puts an engine)
-                    run.joining.add(asyncio.ensure_future(elastic.admit_engine(run, addr, pool)))
-            known = now
 
     async def feed(self) -> None:
         """The dashboard snapshot to the scheduler about once a second (control/snapshot.py)."""

@@ -29,7 +29,7 @@ from rollart_dask.data.weights import worker
 from rollart_dask.data.weights.mooncake import LocalMaster, close_clients
 
 
-LOST_GRACE_S = 3.0  # how long a failed transfer waits to learn that the trainer's worker was lost (the monitor looks each second)
+LOST_GRACE_S = 3.0  # how long a failed transfer waits to learn that the trainer's worker was lost (the scheduler's remove-worker event: control/membership.py)
 
 
 class WeightStore:
