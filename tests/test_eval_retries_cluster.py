@@ -90,7 +90,9 @@ def test_failed_eval_calls_are_retried_and_an_evaluation_still_failing_is_report
     note = f"incomplete: 1 of 4 eval calls failed ({reason})"
     row = {ln.split("│")[1].strip(): " ".join(ln.split("│")[2].split()) for ln in res.output.splitlines() if "held-out" in ln and "│" in ln}
     assert row["held-out broken success (greedy)"] == f"{note} (v0) → {note} (v1)", res.output  # no score, no Δ built on it
-    assert row["held-out steady success (greedy)"].startswith(f"{steady0['success']:.3f} (v0) → {steady1['success']:.3f} (v1) Δ "), res.output
+    assert row["held-out steady success (greedy)"].startswith(f"{steady0['success']:.3f} (v0) → {steady1['success']:.3f} (v1) Δ "), (
+        res.output
+    )
     assert f"broken={note}" in text  # the per-evaluation line
 
     res = CliRunner().invoke(main, ["runs", str(tmp_path)], catch_exceptions=False)

@@ -43,15 +43,14 @@ def test_engine_backend_auto_takes_vllm_only_where_its_gpu_build_is_installed(mo
 
     import pytest
 
-    from rollart_dask import config
-    from rollart_dask.config import EngineConfig, FlowError, resolve_engine_backend
+    from rollart_dask.config import EngineConfig, FlowError, resolution, resolve_engine_backend
 
     real = importlib.util.find_spec
     for installed, cpu_build, want in ((True, True, "torch"), (True, False, "vllm"), (False, False, "torch")):
         monkeypatch.setattr(
             importlib.util, "find_spec", lambda name, *a, _i=installed: (real("json") if _i else None) if name == "vllm" else real(name, *a)
         )
-        monkeypatch.setattr(config, "vllm_is_cpu_build", lambda _c=cpu_build: _c)
+        monkeypatch.setattr(resolution, "vllm_is_cpu_build", lambda _c=cpu_build: _c)
         assert resolve_engine_backend(EngineConfig(backend="auto")) == want, (installed, cpu_build)
     with pytest.raises(FlowError, match="engine.backend=vllm but vllm is not installed"):
         resolve_engine_backend(EngineConfig(backend="vllm"))
