@@ -36,7 +36,7 @@ from rollart_dask.models.prepare import prepare_model
 from rollart_dask.resource.cluster import connect
 from rollart_dask.config import load_flow
 from rollart_dask.control.run import Run
-from rollart_dask.tools.lambda_local import start_local_endpoint
+from rollart_dask.serve.lambda_local import start_local_endpoint
 from rollart_dask.observe import console
 
 FLOW = {

@@ -215,7 +215,7 @@ def endpoint_without_token() -> dict:
     import urllib.error
     import urllib.request
 
-    from rollart_dask.tools.lambda_local import start_local_endpoint
+    from rollart_dask.serve.lambda_local import start_local_endpoint
 
     t0 = time.monotonic()
     with start_local_endpoint(state_dir=tempfile.mkdtemp(prefix="rollart-lambda-")) as ep:

@@ -223,7 +223,7 @@ def address():
 async def start_run(cfg, out, model_dir):
     from rollart_dask.resource.cluster import connect
     from rollart_dask.control.run import Run
-    from rollart_dask.tools.lambda_local import start_local_endpoint
+    from rollart_dask.serve.lambda_local import start_local_endpoint
 
     client, cluster = await connect(cfg.cluster)
     run = Run(cfg, client, out, model_dir, start_endpoint=start_local_endpoint)

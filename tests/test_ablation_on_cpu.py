@@ -11,10 +11,10 @@ from rollart_dask.tools.ablation import ablation_names, load_ablation
 from rollart_dask.tools.ablation.measure import engine_workers, fraction, reward_slots, summarise, variant_flow
 from rollart_dask.tools.ablation.report import rows_of, write_report
 from rollart_dask.config import FlowError, load_flow, task_pools
-from rollart_dask.tools.emulation import H800, QWEN3_8B
-from rollart_dask.tools.emulation.engine import EmulatedInstances
-from rollart_dask.tools.emulation.flow_ideal import flow_ideal
-from rollart_dask.tools.emulation.hardware import train_step_seconds, weight_load_seconds
+from rollart_dask.emulation import H800, QWEN3_8B
+from rollart_dask.emulation.engine import EmulatedInstances
+from rollart_dask.emulation.flow_ideal import flow_ideal
+from rollart_dask.emulation.hardware import train_step_seconds, weight_load_seconds
 
 
 def emulated_flow(**over) -> dict:
@@ -220,7 +220,7 @@ def test_summary_and_report_put_ours_beside_the_ideal_and_the_paper(tmp_path):
 def test_cost_of_a_hand_checkable_flow():
     """One H800 and one H20 engine GPU, a one-H800 trainer, one env host, a local reward GPU (H20): per hour
     2.85 + 1.00 + 2.85 + 1.00 units and the env host's $0.1785 in units; serverless bills only scored seconds."""
-    from rollart_dask.tools.emulation.cost import CPU_HOST_USD_HOUR, USD_PER_UNIT_HOUR, step_cost
+    from rollart_dask.emulation.cost import CPU_HOST_USD_HOUR, USD_PER_UNIT_HOUR, step_cost
 
     cfg = load_flow(
         data=emulated_flow(

@@ -46,10 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("resource plane", ("rollart_dask.resource",)),
     ("data plane", ("rollart_dask.data",)),
     ("control plane", ("rollart_dask.control",)),
-    (
-        "tools",
-        ("rollart_dask.tools.emulation", "rollart_dask.tools.lambda_local", "rollart_dask.tools.dashboard", "rollart_dask.tools.report"),
-    ),
+    ("beside the runtime", ("rollart_dask.emulation", "rollart_dask.serve", "rollart_dask.tools.report")),
     ("entry", ("rollart_dask.entry.api", "rollart_dask.entry.launch")),
     ("experiments", ("rollart_dask.tools.ablation",)),
     ("command line", ("rollart_dask.entry.cli", "rollart_dask")),
@@ -189,7 +186,7 @@ def test_a_long_module_says_why_at_its_top():
 def test_the_checks_can_fail():
     """The checker itself: a cycle and an upward edge planted in a graph are found."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("rollart_dask.data.tasks") < layer_of("rollart_dask.control.run") < layer_of("rollart_dask.tools.dashboard.page")
+    assert layer_of("rollart_dask.data.tasks") < layer_of("rollart_dask.control.run") < layer_of("rollart_dask.serve.dashboard.page")
     assert layer_of("rollart_dask.tools.ablation.measure") > layer_of("rollart_dask.entry.api")
 
 

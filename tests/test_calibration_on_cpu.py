@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from rollart_dask.entry.cli import main
 from rollart_dask.tools.ablation.calibrate import FACTS, calibrate
-from rollart_dask.tools.emulation.flow_ideal import env_times
+from rollart_dask.emulation.flow_ideal import env_times
 
 ABLATIONS = Path(FACTS).parents[1]
 

@@ -10,9 +10,9 @@ from dask.utils import key_split
 from distributed.utils import key_split_group
 
 from rollart_dask.control import phases
-from rollart_dask.tools.dashboard import page_url
-from rollart_dask.tools.dashboard.panels import panel_data
-from rollart_dask.tools.dashboard.plugin import MAX_RUNS, RunState, merge_event
+from rollart_dask.serve.dashboard import page_url
+from rollart_dask.serve.dashboard.panels import panel_data
+from rollart_dask.serve.dashboard.plugin import MAX_RUNS, RunState, merge_event
 from rollart_dask.control.snapshot import TAIL, build_snapshot
 from rollart_dask.control.phases import task_key
 
@@ -120,7 +120,7 @@ def test_panels_plot_the_merged_state():
 
 
 def test_summary_header_escapes_and_carries_data_attributes():
-    from rollart_dask.tools.dashboard.page import summary_html
+    from rollart_dask.serve.dashboard.page import summary_html
 
     s = dict(panel_data(None)["summary"], run="<x>", inflight=7)
     html = summary_html(s)
@@ -159,7 +159,7 @@ def test_the_runs_figures_are_prometheus_series_with_the_run_and_flow_as_labels(
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rollart_dask.tools.dashboard.prometheus import RollartCollector
+    from rollart_dask.serve.dashboard.prometheus import RollartCollector
 
     runs: dict = {}
     for msg in (build_snapshot(fake_run(n_steps=2)), build_snapshot(fake_run(n_steps=3))):

@@ -242,9 +242,9 @@ def test_ssh_recipe_starts_one_scheduler_and_tagged_workers(tmp_path):
     assert sorted(c[-1].split(":")[0] for c in scp) == sorted(hosts) and all(len(c) == 5 for c in scp), scp  # -q, 3 files, host:dir
     calls = [shlex.split(line) for line in log.read_text().splitlines()]
     tls = "--tls-ca-file /tmp/rollart-cluster/tls/ca.pem --tls-cert /tmp/rollart-cluster/tls/cert.pem --tls-key /tmp/rollart-cluster/tls/key.pem"
-    # one scheduler, with the preload that lists the RollArt page in JupyterLab (rollart_dask/tools/dashboard/preload.py)
+    # one scheduler, with the preload that lists the RollArt page in JupyterLab (rollart_dask/serve/dashboard/preload.py)
     assert (
-        sum(f"dask scheduler --protocol tls --port 8790 --preload rollart_dask.tools.dashboard.preload {tls}" in cmd for _, cmd in calls)
+        sum(f"dask scheduler --protocol tls --port 8790 --preload rollart_dask.serve.dashboard.preload {tls}" in cmd for _, cmd in calls)
         == 1
     )
     workers = [(host, shlex.split(cmd.split("dask worker", 1)[1].split(">", 1)[0]), cmd) for host, cmd in calls if "dask worker" in cmd]

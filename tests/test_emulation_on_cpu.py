@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from rollart_dask.tools.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
-from rollart_dask.tools.emulation.hardware import (
+from rollart_dask.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
+from rollart_dask.emulation.hardware import (
     H20,
     H800,
     QWEN3_8B,
@@ -17,8 +17,8 @@ from rollart_dask.tools.emulation.hardware import (
     prefill_seconds,
     train_step_seconds,
 )
-from rollart_dask.tools.emulation.ideal import Cluster, Latency, Pool, Workload, ideal_step
-from rollart_dask.tools.emulation.trainer import EmulatedTrainer
+from rollart_dask.emulation.ideal import Cluster, Latency, Pool, Workload, ideal_step
+from rollart_dask.emulation.trainer import EmulatedTrainer
 
 P8 = QWEN3_8B.params
 

@@ -130,9 +130,9 @@ def test_trackers_log_the_failed_count_of_an_incomplete_evaluation_not_its_succe
 
 
 def test_prometheus_and_the_page_leave_an_incomplete_evaluation_out():
-    from rollart_dask.tools.dashboard.panels import panel_data
-    from rollart_dask.tools.dashboard.plugin import RunState
-    from rollart_dask.tools.dashboard.prometheus import RollartCollector
+    from rollart_dask.serve.dashboard.panels import panel_data
+    from rollart_dask.serve.dashboard.plugin import RunState
+    from rollart_dask.serve.dashboard.prometheus import RollartCollector
 
     state = RunState()
     state.merge(

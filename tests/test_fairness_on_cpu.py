@@ -9,7 +9,7 @@ from rollart_dask.config import load_flow
 from rollart_dask.control.buffer import SampleBuffer
 from rollart_dask.control.fairness import length_shift, mix_shift, quota
 from rollart_dask.tools.ablation.measure import engine_workers, reward_slots
-from rollart_dask.tools.emulation.simulate import Simulation
+from rollart_dask.emulation.simulate import Simulation
 from rollart_dask.types import Trajectory
 
 

@@ -23,7 +23,7 @@ from rollart_dask.data.serverless import (
     make_lambda_client,
     parse_report,
 )
-from rollart_dask.tools.lambda_local import start_local_endpoint
+from rollart_dask.serve.lambda_local import start_local_endpoint
 
 CUSTOM = """
 import os, time
@@ -308,7 +308,7 @@ def test_non_loopback_bind_requires_token(tmp_path, monkeypatch):
         [
             sys.executable,
             "-m",
-            "rollart_dask.tools.lambda_local.server",
+            "rollart_dask.serve.lambda_local.server",
             "--host",
             "0.0.0.0",
             "--port",
@@ -408,8 +408,8 @@ def test_relative_state_dir_serves_get_function(tmp_path, monkeypatch):
 
 
 def test_emulated_endpoint_faults_answer_429_500_or_late_at_their_rates():
-    from rollart_dask.tools.lambda_local.api import LambdaError
-    from rollart_dask.tools.lambda_local.faults import EndpointFaults
+    from rollart_dask.serve.lambda_local.api import LambdaError
+    from rollart_dask.serve.lambda_local.faults import EndpointFaults
 
     faults = EndpointFaults({"throttle": 0.2, "error": 0.1, "slow": 0.1, "slow_s": 0.001, "seed": 5})
     codes = []

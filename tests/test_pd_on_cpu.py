@@ -227,8 +227,8 @@ def test_pd_launch_refuses_auto_resolving_to_vllm_before_touching_the_cluster(mo
 
 # -- emulated engine: modelled PD times --------------------------------------------------------------------
 def test_emulated_pd_times_follow_the_formula():
-    from rollart_dask.tools.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
-    from rollart_dask.tools.emulation.hardware import (
+    from rollart_dask.emulation.engine import ContinuousBatch, EmulatedEngine, Seq
+    from rollart_dask.emulation.hardware import (
         H20,
         H800,
         QWEN3_8B,
@@ -276,8 +276,8 @@ def test_emulated_pd_times_follow_the_formula():
 
 
 def test_emulated_pd_versions_and_single_token_requests():
-    from rollart_dask.tools.emulation.engine import EmulatedInstances
-    from rollart_dask.tools.emulation.hardware import H20, H800, QWEN3_8B
+    from rollart_dask.emulation.engine import EmulatedInstances
+    from rollart_dask.emulation.hardware import H20, H800, QWEN3_8B
 
     a = EmulatedInstances(2, model=QWEN3_8B, gpu=H800, time_scale=0)
     b = EmulatedInstances(2, model=QWEN3_8B, gpu=H20, time_scale=0)

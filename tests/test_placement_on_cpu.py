@@ -70,7 +70,7 @@ def test_the_profiler_measures_first_prompts_new_tokens_responses_turns_and_pref
 
 
 def test_a_profile_becomes_a_synthetic_workload_and_every_mapping_is_ranked():
-    from rollart_dask.tools.emulation.placement import rank_mappings
+    from rollart_dask.emulation.placement import rank_mappings
 
     cfg = _workload(frozenlake="auto", math="auto")
     assert [task_pool(t) for t in cfg.tasks] == [None, None] and task_pools(cfg.tasks[0]) == ("H800", "H20")  # any, until placed
@@ -135,7 +135,7 @@ LONG_PROMPTS = {
 
 
 def test_pd_auto_ranks_disaggregation_either_way_beside_every_mapping_and_the_kv_link_counts():
-    from rollart_dask.tools.emulation.placement import predict, rank_mappings
+    from rollart_dask.emulation.placement import predict, rank_mappings
 
     cfg = _workload(frozenlake="auto", math="auto")
     cfg.rollout.pd = "auto"

@@ -1,4 +1,4 @@
-"""The policy simulator (rollart_dask/tools/emulation/simulate.py) without a cluster: processor sharing, and the
+"""The policy simulator (rollart_dask/emulation/simulate.py) without a cluster: processor sharing, and the
 policy's step on cases whose answer is known — a deterministic synchronous step, a train-bound step, the staleness
 bound's bias against a slow task, and a policy that can never make a step."""
 
@@ -6,9 +6,9 @@ import pytest
 
 from rollart_dask.config import load_flow
 from rollart_dask.tools.ablation.measure import engine_workers, ideal_of, reward_slots
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds, weight_transfer_seconds
-from rollart_dask.tools.emulation.sharing import water_fill
-from rollart_dask.tools.emulation.simulate import simulate
+from rollart_dask.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds, weight_transfer_seconds
+from rollart_dask.emulation.sharing import water_fill
+from rollart_dask.emulation.simulate import simulate
 
 
 def flow(tasks: list[dict], **over) -> object:
@@ -127,7 +127,7 @@ def test_an_emulated_engine_pulls_a_version_as_the_store_and_the_pull_mode_say(t
     """The engine's side of the emulated transfer: 32 generation GPUs (4 nodes), 8 training GPUs (1 node), 25 GB/s —
     through the store 2 × bytes / link whatever the nodes; pushed at update, 4 copies through the one training link."""
     from rollart_dask.data.weights.store import WeightStore
-    from rollart_dask.tools.emulation.engine import EmulatedInstances
+    from rollart_dask.emulation.engine import EmulatedInstances
 
     for pull, copies in (("background", 2), ("at_update", 4)):
         cfg = flow(

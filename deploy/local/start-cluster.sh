@@ -18,7 +18,7 @@ worker() {  # name, resources, nthreads, torch threads
 case "${1:-start}" in
   start)
     : > "$RUN_DIR/pids"
-    nohup dask scheduler --host 127.0.0.1 --port "$PORT" --dashboard-address 127.0.0.1:8787 --preload rollart_dask.tools.dashboard.preload > "$RUN_DIR/scheduler.log" 2>&1 &
+    nohup dask scheduler --host 127.0.0.1 --port "$PORT" --dashboard-address 127.0.0.1:8787 --preload rollart_dask.serve.dashboard.preload > "$RUN_DIR/scheduler.log" 2>&1 &
     echo $! >> "$RUN_DIR/pids"
     sleep 3
     worker train-0 "H800=$BIG TRAIN=$BIG" 2 1

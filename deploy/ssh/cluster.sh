@@ -40,7 +40,7 @@ case "$ACTION" in
         $SCP -q "$TLS_DIR/ca.pem" "$TLS_DIR/cert.pem" "$TLS_DIR/key.pem" "$host:$RUN_DIR/tls/" < /dev/null
       done
     fi
-    spawn "$SCHED_HOST" "dask scheduler --protocol $SCHEME --port $PORT --preload rollart_dask.tools.dashboard.preload $TLS" scheduler
+    spawn "$SCHED_HOST" "dask scheduler --protocol $SCHEME --port $PORT --preload rollart_dask.serve.dashboard.preload $TLS" scheduler
     sleep "${SCHEDULER_WAIT_S:-5}"  # workers retry anyway; this keeps their logs clean
     declare -A next_gpu=()  # host → its next free GPU index (pools on one host share its GPUs)
     while read -r host role n nthreads torch_threads; do

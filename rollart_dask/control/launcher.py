@@ -31,7 +31,7 @@ from rollart_dask.types import Trajectory
 def admission_limit(rollout, groups_trained: int, versions: int) -> int:
     """Groups that may have been admitted once ``groups_trained`` have trained and the engines installed ``versions``
     since rollout began: eager admission counts trained groups, the rest the engines' versions (the module docstring).
-    Pure: the policy simulator (tools/emulation/simulate.py) admits by it too."""
+    Pure: the policy simulator (emulation/simulate.py) admits by it too."""
     r = rollout
     if r.admission == "eager" and r.alpha > 0:
         return groups_trained + (r.alpha + 1) * r.batch_groups

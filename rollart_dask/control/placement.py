@@ -38,7 +38,7 @@ from rollart_dask.config import FlowConfig, FlowError, PDConfig
 from rollart_dask.observe import console, step_gaps
 from rollart_dask.registries import Registry
 
-PREDICTORS = Registry("placement predictor", {"emulated": "rollart_dask.tools.emulation.placement:rank_mappings"})
+PREDICTORS = Registry("placement predictor", {"emulated": "rollart_dask.emulation.placement:rank_mappings"})
 POOL_OF = {"prefill": "H800", "decode": "H20", "any": "H800 or H20"}
 TURNS_KEPT = 4000  # per task: a profile needs hundreds of turns, not every one
 WARMUP_STEPS = 2  # the run's first steps (start-up) are left out of every measured step time

@@ -1,7 +1,7 @@
 """Reward plane set-up: where rewards run (``reward.mode``) and, when serverless, the Lambda
 functions behind them — on AWS, on an endpoint given by URL, or on a local endpoint started for
 the run on 127.0.0.1 (by ``start_endpoint``, which the embedded default passes in: the local Lambda
-endpoint is a tool around the runtime, tools/lambda_local).
+endpoint is a tool around the runtime, serve/lambda_local).
 
 Stateful rewards (a reward module with ``NEEDS_ENGINE = True``, e.g. the LLM judge) need an
 inference engine: they stay on the REWARD pool in both modes and are never deployed as functions;

@@ -1,5 +1,5 @@
 """The dashboard feed: the snapshot a run publishes on the scheduler's ``TOPIC`` about once a second
-(``client.log_event``; the RollArt page in tools/dashboard reads it). A pure function of the run's
+(``client.log_event``; the RollArt page in serve/dashboard reads it). A pure function of the run's
 public state (no I/O), small and msgpack-serialisable (str keys, lists, numbers) as ``log_event`` needs.
 
 Series (steps, weight syncs, evaluations) go as their last ``TAIL`` entries, each keyed (step,
@@ -50,7 +50,7 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         "published": run.published,  # the trainer's
         "inflight": dict(run.in_flight()),
         "counts": counts,
-        # monotonic totals since the run began (Prometheus counters: tools/dashboard/prometheus.py)
+        # monotonic totals since the run began (Prometheus counters: serve/dashboard/prometheus.py)
         "totals": {
             "generate_calls": int(run.services.proxy.requests),
             **{f"reward_{k}": int(v) for k, v in run.telemetry.reward_totals.items()},

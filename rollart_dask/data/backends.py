@@ -3,7 +3,7 @@
 Entries are lazy ``"module:attr"`` strings: vllm, megatron-core and the emulation tool are imported
 only in the workers that build them. Each class satisfies data/contracts.py (``Engine`` +
 ``EngineBackend``, ``Trainer`` + ``TrainerBackend``) and is built with ``from_config``. The emulated
-backends belong to a tool above the runtime (rollart_dask/tools/emulation): the data plane names them
+backends belong to a tool above the runtime (rollart_dask/emulation): the data plane names them
 here as strings only and never imports that package.
 """
 
@@ -18,8 +18,8 @@ ENGINES = Registry(
     {
         "torch": "rollart_dask.data.engine_torch:TorchEngine",
         "vllm": "rollart_dask.data.engine_vllm:VLLMEngine",
-        "emulated": "rollart_dask.tools.emulation.engine:EmulatedInstances",  # EMULATED hardware timing
-        "null": "rollart_dask.tools.emulation.null:NullEngine",  # NULL: answers at once (control-plane benchmark)
+        "emulated": "rollart_dask.emulation.engine:EmulatedInstances",  # EMULATED hardware timing
+        "null": "rollart_dask.emulation.null:NullEngine",  # NULL: answers at once (control-plane benchmark)
     },
 )
 
@@ -28,7 +28,7 @@ TRAINERS = Registry(
     {
         "torch": "rollart_dask.data.trainer_torch:TorchTrainer",
         "megatron": "rollart_dask.data.trainer_megatron:MegatronTrainer",
-        "emulated": "rollart_dask.tools.emulation.trainer:EmulatedTrainer",  # EMULATED step time
+        "emulated": "rollart_dask.emulation.trainer:EmulatedTrainer",  # EMULATED step time
     },
 )
 

@@ -9,7 +9,7 @@ pickled together. Nothing is gathered, and the scheduler relays nothing.
 
 A batch still shows in the Dask dashboard: the worker reports each one (key, start, stop, thread) about
 once a second as a ``rollart-batches`` event, which the RollArt dashboard's scheduler plugin files into
-the task stream and the batch's span (tools/dashboard/plugin.py). Calls to a pool alone, and the
+the task stream and the batch's span (serve/dashboard/plugin.py). Calls to a pool alone, and the
 two-task prefill/decode route, remain Dask tasks; the latter answer on the channel too (``reply`` a topic).
 
 Worker side: a streamed batch starts on the event loop (its fast items inline, the rest on the service's

@@ -14,8 +14,8 @@ from rollart_dask.config import FlowConfig, task_pools
 from rollart_dask.models.prepare import prepare_model
 from rollart_dask.models.prompts import check_prompts
 from rollart_dask.observe import console
-from rollart_dask.tools import dashboard
-from rollart_dask.tools.lambda_local import start_local_endpoint
+from rollart_dask.serve import dashboard
+from rollart_dask.serve.lambda_local import start_local_endpoint
 
 
 def write_effective(cfg: FlowConfig, out: Path, extra: dict) -> None:

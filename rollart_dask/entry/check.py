@@ -13,7 +13,7 @@ async def preflight_flow(cfg: FlowConfig, out: Path) -> dict[str, dict]:
     from rollart_dask.control import wiring
     from rollart_dask.control.dispatch import Dispatcher
     from rollart_dask.resource.cluster import connect
-    from rollart_dask.tools.lambda_local import start_local_endpoint
+    from rollart_dask.serve.lambda_local import start_local_endpoint
 
     out.mkdir(parents=True, exist_ok=True)
     client, cluster = await connect(cfg.cluster)

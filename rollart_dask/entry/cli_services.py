@@ -31,7 +31,7 @@ def rewards():
 )
 def rewards_serve(host, port, token, keep_warm_s, default_concurrency, state_dir):
     """Run the local Lambda-compatible endpoint (Invoke, Create/Update/Get/DeleteFunction, concurrency)."""
-    from rollart_dask.tools.lambda_local import serve
+    from rollart_dask.serve.lambda_local import serve
 
     try:
         serve(host=host, port=port, token=token, keep_warm_s=keep_warm_s, default_concurrency=default_concurrency, state_dir=state_dir)

@@ -78,7 +78,7 @@ async def leave_as_found(client, found: dict) -> None:
         console.print("restarted the scheduler's Active Memory Manager (the run had stopped it)")
 
 
-PRELOAD = "rollart_dask.tools.dashboard.preload"
+PRELOAD = "rollart_dask.serve.dashboard.preload"
 
 
 def cluster_spec(cfg: ClusterConfig, security=None) -> dict:

@@ -1,9 +1,9 @@
 """Rewards as AWS Lambda functions: packaging/deploy and a boto3 client (the reward plane's transport).
 
 The same boto3 calls work against AWS Lambda and against the local endpoint
-(``rollart_dask.tools.lambda_local``, started for a run on the embedded default):
+(``rollart_dask.serve.lambda_local``, started for a run on the embedded default):
 
-    ep = start_local_endpoint()                       # from rollart_dask.tools.lambda_local
+    ep = start_local_endpoint()                       # from rollart_dask.serve.lambda_local
     client = make_lambda_client(ep.url)               # make_lambda_client() for AWS
     deploy("reward-math", "math", client)
     result, stats = invoke_reward(client, "reward-math", trajectory)

@@ -15,9 +15,9 @@ import yaml
 from rollart_dask.config import FlowConfig, FlowError, load_flow
 from rollart_dask.tools.ablation.measure import engine_workers, reward_slots
 from rollart_dask.tools.ablation.spec import ABLATIONS_DIR, load_ablation
-from rollart_dask.tools.emulation.flow_ideal import env_times, flow_ideal, task_loads
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS
-from rollart_dask.tools.emulation.ideal import Pool, generation_latency, per_trajectory_seconds
+from rollart_dask.emulation.flow_ideal import env_times, flow_ideal, task_loads
+from rollart_dask.emulation.hardware import GPUS, MODELS
+from rollart_dask.emulation.ideal import Pool, generation_latency, per_trajectory_seconds
 
 FACTS = ABLATIONS_DIR / "workloads" / "calibration.yaml"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from rollart_dask.config import FlowConfig, FlowError, load_flow, task_pools
 from rollart_dask.observe import console, step_gaps
 from rollart_dask.tools.ablation.report import write_report
-from rollart_dask.tools.emulation.flow_ideal import reward_slots
+from rollart_dask.emulation.flow_ideal import reward_slots
 from rollart_dask.tools.ablation.spec import METRICS, AblationSpec, fraction
 
 
@@ -80,7 +80,7 @@ def _mix(steps: list[dict]) -> dict[str, float]:
 
 
 def ideal_of(cfg: FlowConfig) -> dict:
-    from rollart_dask.tools.emulation.flow_ideal import flow_ideal, launched_batches
+    from rollart_dask.emulation.flow_ideal import flow_ideal, launched_batches
 
     ideal = flow_ideal(cfg, engine_workers(cfg), reward_slots(cfg), batches=launched_batches(cfg))  # the measured run's task sequence
     n = ideal.terms["trajectories_per_step"]
@@ -100,7 +100,7 @@ SIM_SEEDS = 4
 def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
     """The variant's policy with a zero-cost runtime (emulation/simulate.py), the mean of ``seeds`` runs of as many
     steps as the measurement: what the runtime would reach if its calls cost nothing."""
-    from rollart_dask.tools.emulation.simulate import simulate
+    from rollart_dask.emulation.simulate import simulate
 
     runs = [simulate(cfg, engine_workers(cfg), reward_slots(cfg), warmup=warmup, seed=s) for s in range(seeds)]
     mix: dict[str, float] = {}
@@ -128,8 +128,8 @@ def simulated_of(cfg: FlowConfig, warmup: int, seeds: int = SIM_SEEDS) -> dict:
 
 def cost_of(cfg: FlowConfig, measured: dict, ideal: dict) -> dict:
     """Normalised cost (H20 GPU-hours) per step and per trajectory, at the measured step and at the ideal one."""
-    from rollart_dask.tools.emulation.cost import step_cost
-    from rollart_dask.tools.emulation.flow_ideal import task_loads
+    from rollart_dask.emulation.cost import step_cost
+    from rollart_dask.emulation.flow_ideal import task_loads
 
     reward_s = sum(t.share * t.reward_s for t in task_loads(cfg))  # per trajectory, at the launched mix
     return {

@@ -121,7 +121,7 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
     lines += [
         "",
         "Simulated: the same policy (admission, staleness bound, redundancy, protocol; the real SampleBuffer) in a "
-        "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/tools/emulation/"
+        "discrete-event simulation of the same workload with calls that cost nothing (rollart_dask/emulation/"
         "simulate.py), mean of its seeds. Ours / simulated is what the runtime keeps of what its policy can reach; "
         "simulated / ideal is what the policy reaches of the bound.",
     ]
@@ -130,7 +130,7 @@ def write_report(spec: AblationSpec, results: list[dict], out: Path) -> None:
         "Cost: normalised GPU-hours (H20 = 1.00, H800 = 2.85 per GPU-hour, the paper's table) of everything the variant "
         "holds for a step — generation pools, trainer, a dedicated reward GPU when rewards are local, env hosts — plus "
         "serverless rewards' billed seconds; CPU and serverless priced through public price lists "
-        "(rollart_dask/tools/emulation/cost.py, each price with its source).",
+        "(rollart_dask/emulation/cost.py, each price with its source).",
     ]
     lines += [
         "",

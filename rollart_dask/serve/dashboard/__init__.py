@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 
 from rollart_dask.control.snapshot import TOPIC
-from rollart_dask.tools.dashboard.plugin import PLUGIN, RollartDashboard
+from rollart_dask.serve.dashboard.plugin import PLUGIN, RollartDashboard
 
 __all__ = ["PLUGIN", "TOPIC", "RollartDashboard", "page_url", "register"]
 

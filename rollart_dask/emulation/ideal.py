@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollart_dask.tools.emulation.hardware import (
+from rollart_dask.emulation.hardware import (
     H800,
     GPUProfile,
     ModelProfile,

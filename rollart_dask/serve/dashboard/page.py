@@ -7,8 +7,8 @@ from __future__ import annotations
 from html import escape
 
 from rollart_dask.compat.dashboard import add_bokeh_page, dask_look, remove_bokeh_page
-from rollart_dask.tools.dashboard.names import PLUGIN
-from rollart_dask.tools.dashboard.panels import panel_data
+from rollart_dask.serve.dashboard.names import PLUGIN
+from rollart_dask.serve.dashboard.panels import panel_data
 
 PATH = "/rollart"
 REFRESH_MS = 1000

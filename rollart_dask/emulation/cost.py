@@ -8,7 +8,7 @@ local) and every env host, for the step's length; serverless rewards only for th
 
 from __future__ import annotations
 
-from rollart_dask.tools.emulation.hardware import GPUS
+from rollart_dask.emulation.hardware import GPUS
 
 # The unit in dollars, to price what the paper's table does not. ASSUMED conversion: an H800 is priced as an H100
 # (same Hopper die; AWS p5.48xlarge, 8 × H100, on-demand us-east-1 after AWS's June 2025 price cut: $55.04/h,

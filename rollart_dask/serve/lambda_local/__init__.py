@@ -9,7 +9,7 @@ import importlib
 __all__ = ["LocalEndpoint", "default_state_dir", "serve", "start_local_endpoint"]
 
 
-def __getattr__(name):  # lazy: `python -m rollart_dask.tools.lambda_local.server` must not find server imported already
+def __getattr__(name):  # lazy: `python -m rollart_dask.serve.lambda_local.server` must not find server imported already
     if name in __all__:
-        return getattr(importlib.import_module("rollart_dask.tools.lambda_local.server"), name)
+        return getattr(importlib.import_module("rollart_dask.serve.lambda_local.server"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from rollart_dask.control.snapshot import TOPIC
-from rollart_dask.tools.dashboard.names import PLUGIN
+from rollart_dask.serve.dashboard.names import PLUGIN
 
 MAX_POINTS = 5000  # per series and run: a long run's page shows its most recent 5000 steps
 MAX_RUNS = 8
@@ -59,14 +59,14 @@ class RollartDashboard(SchedulerPlugin):
         self.metrics = False  # the runs' rollart_* series on the scheduler's /metrics
 
     async def start(self, scheduler) -> None:
-        from rollart_dask.tools.dashboard.page import add_page
+        from rollart_dask.serve.dashboard.page import add_page
 
         self.scheduler = scheduler
         # Registered while (or after) a run publishes: catch up from the scheduler's event log.
         for _, msg in scheduler.get_events(TOPIC):
             merge_event(self.runs, msg)
         try:  # (without prometheus_client Dask serves no /metrics either)
-            from rollart_dask.tools.dashboard import prometheus
+            from rollart_dask.serve.dashboard import prometheus
         except ImportError:
             prometheus = None
         if prometheus is not None and not self.metrics:
@@ -75,11 +75,11 @@ class RollartDashboard(SchedulerPlugin):
         self.app = add_page(scheduler)  # raises, naming why, where the scheduler cannot serve it
 
     async def close(self) -> None:
-        from rollart_dask.tools.dashboard.page import remove_page
+        from rollart_dask.serve.dashboard.page import remove_page
 
         remove_page(getattr(self, "scheduler", None), self.app)
         if self.metrics:
-            from rollart_dask.tools.dashboard import prometheus
+            from rollart_dask.serve.dashboard import prometheus
 
             prometheus.unregister(self.runs)
             self.metrics = False

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollart_dask.tools.emulation.hardware import GPUS, H800, MODELS, QWEN3_8B, GPUProfile, ModelProfile, train_step_seconds
+from rollart_dask.emulation.hardware import GPUS, H800, MODELS, QWEN3_8B, GPUProfile, ModelProfile, train_step_seconds
 
 if TYPE_CHECKING:
     from rollart_dask.config import EmulationConfig, TrainerConfig

@@ -38,7 +38,7 @@ from rollart_dask.envs.inject import parse_spec
 from rollart_dask.envs.synthetic import draw_length, length_mean
 
 from rollart_dask.config import task_pools
-from rollart_dask.tools.emulation.hardware import (
+from rollart_dask.emulation.hardware import (
     GPUS,
     MODELS,
     decode_step_seconds,
@@ -47,7 +47,7 @@ from rollart_dask.tools.emulation.hardware import (
     weight_load_seconds,
     weight_transfer_seconds,
 )
-from rollart_dask.tools.emulation.ideal import Ideal, Pool, Workload, per_trajectory_seconds
+from rollart_dask.emulation.ideal import Ideal, Pool, Workload, per_trajectory_seconds
 
 
 @dataclass

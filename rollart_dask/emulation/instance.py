@@ -23,8 +23,8 @@ import numpy as np
 
 from rollart_dask.data.engine_base import RecentAborts
 from rollart_dask.data.kv import PrefillHandle, StaleKVError
-from rollart_dask.tools.emulation.batch import ContinuousBatch, Seq
-from rollart_dask.tools.emulation.hardware import (
+from rollart_dask.emulation.batch import ContinuousBatch, Seq
+from rollart_dask.emulation.hardware import (
     H800,
     KV_LINK_GBPS,
     QWEN3_8B,

@@ -1,5 +1,5 @@
 """Running the local Lambda endpoint: ``serve`` (blocking), ``start_local_endpoint`` (in the
-background, a thread or a child process) and ``python -m rollart_dask.tools.lambda_local.server``.
+background, a thread or a child process) and ``python -m rollart_dask.serve.lambda_local.server``.
 
 The endpoint's parts: ``api`` (names, quotas, records, error shapes), ``pool`` (worker processes),
 ``service`` (function store and invocation), ``routes`` (HTTP) and ``auth`` (SigV4/token).
@@ -23,9 +23,9 @@ from pathlib import Path
 from aiohttp import web
 
 from rollart_dask.data.serverless.client import TOKEN_ENV
-from rollart_dask.tools.lambda_local.auth import check_token, is_loopback
-from rollart_dask.tools.lambda_local.routes import make_app
-from rollart_dask.tools.lambda_local.service import LocalLambda
+from rollart_dask.serve.lambda_local.auth import check_token, is_loopback
+from rollart_dask.serve.lambda_local.routes import make_app
+from rollart_dask.serve.lambda_local.service import LocalLambda
 
 
 def default_state_dir() -> Path:
@@ -159,7 +159,7 @@ def start_local_endpoint(
     """Start the endpoint in the background and return once it accepts requests; port 0 picks a free port.
 
     mode="thread": its own event loop in a daemon thread of this process (tests, light use).
-    mode="process": a child process (``python -m rollart_dask.tools.lambda_local.server``), off this process's GIL.
+    mode="process": a child process (``python -m rollart_dask.serve.lambda_local.server``), off this process's GIL.
     state_dir=None: a fresh temporary directory. faults: EMULATED 429/500/slow answers (LocalLambda).
     """
     token = check_token(host, token)
@@ -208,7 +208,7 @@ def _start_process(host, port, state, keep_warm_s, default_concurrency, token, r
     cmd = [
         sys.executable,
         "-m",
-        "rollart_dask.tools.lambda_local.server",
+        "rollart_dask.serve.lambda_local.server",
         "--host",
         host,
         "--state-dir",
@@ -283,7 +283,7 @@ class EndpointProcess:
 
 def main(argv=None):
     p = argparse.ArgumentParser(
-        prog="python -m rollart_dask.tools.lambda_local.server", description="Local AWS-Lambda-compatible endpoint for reward functions"
+        prog="python -m rollart_dask.serve.lambda_local.server", description="Local AWS-Lambda-compatible endpoint for reward functions"
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9001)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from rollart_dask.tools.lambda_local.api import LambdaError
+from rollart_dask.serve.lambda_local.api import LambdaError
 
 
 class EndpointFaults:

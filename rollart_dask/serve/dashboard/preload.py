@@ -3,14 +3,14 @@
 The extension lists the ``individual-*`` pages of distributed's own dashboard app (``individual-plots.json``),
 an app built once, when the scheduler starts, from ``distributed.dashboard.scheduler.applications``. Preloads are
 imported before that, so importing this module adds the page there as ``/individual-rollart``:
-``dask scheduler --preload rollart_dask.tools.dashboard.preload`` (the embedded default and deploy/ recipes pass
+``dask scheduler --preload rollart_dask.serve.dashboard.preload`` (the embedded default and deploy/ recipes pass
 it). The page the run's plugin adds at ``/rollart`` is the same page, on any scheduler, preloaded or not.
 """
 
 from __future__ import annotations
 
 from rollart_dask.compat.dashboard import list_page_at_start
-from rollart_dask.tools.dashboard.page import rollart_doc
+from rollart_dask.serve.dashboard.page import rollart_doc
 
 PATH = "/individual-rollart"
 

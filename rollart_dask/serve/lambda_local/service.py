@@ -21,7 +21,7 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
-from rollart_dask.tools.lambda_local.api import (
+from rollart_dask.serve.lambda_local.api import (
     ACCOUNT,
     ARN_RE,
     MAX_ASYNC_PAYLOAD,
@@ -37,8 +37,8 @@ from rollart_dask.tools.lambda_local.api import (
     not_found,
     unzip_code,
 )
-from rollart_dask.tools.lambda_local.faults import EndpointFaults
-from rollart_dask.tools.lambda_local.pool import Environment, FunctionPool, Throttled, WorkerGone
+from rollart_dask.serve.lambda_local.faults import EndpointFaults
+from rollart_dask.serve.lambda_local.pool import Environment, FunctionPool, Throttled, WorkerGone
 
 
 class LocalLambda:

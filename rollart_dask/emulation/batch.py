@@ -22,7 +22,7 @@ import collections
 import heapq
 from dataclasses import dataclass, field
 
-from rollart_dask.tools.emulation.hardware import (
+from rollart_dask.emulation.hardware import (
     GPUProfile,
     ModelProfile,
     decode_step_seconds,

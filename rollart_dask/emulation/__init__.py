@@ -3,7 +3,7 @@ inference engine and a trainer that keep the real contracts but take their time 
 profiles (``engine``, ``trainer``), and the zero-overhead ideal step time (``ideal``).
 Everything here is labelled ``emulated``."""
 
-from rollart_dask.tools.emulation.hardware import (  # noqa: F401
+from rollart_dask.emulation.hardware import (  # noqa: F401
     GPUS,
     H20,
     H800,

@@ -39,10 +39,10 @@ from rollart_dask.config import task_pools
 from rollart_dask.control.buffer import SampleBuffer
 from rollart_dask.control.fairness import length_shift
 from rollart_dask.control.launcher import admission_limit, draw_group
-from rollart_dask.tools.emulation.flow_ideal import _generation_latency, _generation_parts, _pools, env_calls, task_loads, transfer_seconds
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, kv_transfer_seconds, train_step_seconds, weight_load_seconds
-from rollart_dask.tools.emulation.ideal import per_trajectory_parts
-from rollart_dask.tools.emulation.sharing import Barrier, SharedPool
+from rollart_dask.emulation.flow_ideal import _generation_latency, _generation_parts, _pools, env_calls, task_loads, transfer_seconds
+from rollart_dask.emulation.hardware import GPUS, MODELS, kv_transfer_seconds, train_step_seconds, weight_load_seconds
+from rollart_dask.emulation.ideal import per_trajectory_parts
+from rollart_dask.emulation.sharing import Barrier, SharedPool
 from rollart_dask.types import Trajectory
 
 

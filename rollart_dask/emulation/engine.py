@@ -13,9 +13,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from rollart_dask.tools.emulation.batch import BLOCK, ContinuousBatch, Seq, block_hashes
-from rollart_dask.tools.emulation.hardware import GPUS, MODELS, weight_transfer_seconds
-from rollart_dask.tools.emulation.instance import EmulatedEngine
+from rollart_dask.emulation.batch import BLOCK, ContinuousBatch, Seq, block_hashes
+from rollart_dask.emulation.hardware import GPUS, MODELS, weight_transfer_seconds
+from rollart_dask.emulation.instance import EmulatedEngine
 from rollart_dask.types import Completion
 
 if TYPE_CHECKING:

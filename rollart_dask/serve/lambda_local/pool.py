@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from rollart_dask.tools.lambda_local.api import FunctionConfig
+from rollart_dask.serve.lambda_local.api import FunctionConfig
 
 
 class PoolHost(Protocol):

@@ -15,9 +15,9 @@ import uuid
 
 from aiohttp import web
 
-from rollart_dask.tools.lambda_local.api import MAX_REQUEST, LambdaError
-from rollart_dask.tools.lambda_local.auth import authorize, loopback_host_header
-from rollart_dask.tools.lambda_local.service import LocalLambda
+from rollart_dask.serve.lambda_local.api import MAX_REQUEST, LambdaError
+from rollart_dask.serve.lambda_local.auth import authorize, loopback_host_header
+from rollart_dask.serve.lambda_local.service import LocalLambda
 
 log = logging.getLogger(__name__)
 _KEY = getattr(web, "RequestKey", None)  # typed request keys where aiohttp has them (>= 3.13)

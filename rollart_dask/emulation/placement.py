@@ -15,8 +15,8 @@ import statistics
 
 from rollart_dask.config import FlowConfig, PDConfig
 from rollart_dask.resource.pools import ENGINE_POOLS
-from rollart_dask.tools.emulation.flow_ideal import reward_slots
-from rollart_dask.tools.emulation.simulate import simulate
+from rollart_dask.emulation.flow_ideal import reward_slots
+from rollart_dask.emulation.simulate import simulate
 
 AFFINITIES = ("prefill", "decode", "any")
 EXHAUSTIVE = 27
