@@ -25,7 +25,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "rollart_dask.compat",
             "rollart_dask.types",
             "rollart_dask.resource.pools",
-            "rollart_dask.registries",
             "rollart_dask.capabilities",
         ),
     ),

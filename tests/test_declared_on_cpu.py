@@ -154,7 +154,6 @@ def test_a_decorated_rewards_zip_holds_its_module_and_the_declarative_api(tmp_pa
         "rollart_dask/__init__.py",
         "rollart_dask/declare.py",
         "rollart_dask/registry.py",
-        "rollart_dask/registries.py",
     } <= names
     assert not any(n.startswith(("rollart_dask/control", "rollart_dask/data")) for n in names)
     monkeypatch.setenv(TARGET_ENV, "decl_zip_mod:score")  # what deploy sets for the generic handler

@@ -131,7 +131,7 @@ def test_old_top_level_names_still_resolve_and_a_users_own_envs_wins(tmp_path, m
 
     import pytest
 
-    from rollart_dask.registries import current_module_name
+    from rollart_dask.registry import current_module_name
     from rollart_dask.registry import get_reward, make_env
     from rollart_dask.rewards.frozenlake import reward as ours
 

@@ -10,7 +10,7 @@ import functools
 import math
 from typing import Callable
 
-from rollart_dask.registries import Registry
+from rollart_dask.registry import Registry
 
 ADVANTAGES = Registry("advantage")
 register_advantage = ADVANTAGES.register  # @register_advantage("name")

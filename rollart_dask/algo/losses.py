@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rollart_dask.registries import Registry
+from rollart_dask.registry import Registry
 
 LOSSES = Registry("loss")
 register_loss = LOSSES.register  # @register_loss("name")

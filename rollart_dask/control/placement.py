@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rollart_dask.config import FlowConfig, FlowError, PDConfig
 from rollart_dask.observe import console, step_gaps
-from rollart_dask.registries import Registry
+from rollart_dask.registry import Registry
 
 PREDICTORS = Registry("placement predictor", {"emulated": "rollart_dask.emulation.placement:rank_mappings"})
 POOL_OF = {"prefill": "H800", "decode": "H20", "any": "H800 or H20"}

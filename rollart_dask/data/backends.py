@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from rollart_dask.registries import Registry
+from rollart_dask.registry import Registry
 
 ENGINES = Registry(
     "engine backend",

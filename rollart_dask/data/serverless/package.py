@@ -49,7 +49,7 @@ def handler_for(reward: str) -> str:
 
 
 # importing rollart_dask.rewards runs rollart_dask/__init__.py, which loads the declarative API: these files, no more
-DECLARE_FILES = ("rollart_dask/__init__.py", "rollart_dask/declare.py", "rollart_dask/registry.py", "rollart_dask/registries.py")
+DECLARE_FILES = ("rollart_dask/__init__.py", "rollart_dask/declare.py", "rollart_dask/registry.py")
 HERE = Path(__file__).resolve().parents[3]  # the folder holding the rollart_dask package
 
 
