@@ -32,6 +32,8 @@ class Trajectory:
     version: int | None = None  # engine version at the first generate
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    finished_version: int | None = None  # engine version when it finished: its in-flight lag is this − version
+    finished_at: float | None = None  # monotonic time it finished: how long it then waited for the Train that used it
 
     @property
     def success(self) -> bool:

@@ -84,3 +84,21 @@ def test_admitted_counts_open_minus_dropped():
     b.open_group("b", "t", 0)
     b.failed("a/0")
     assert b.admitted == 1
+
+
+def test_a_trained_trajectorys_staleness_splits_into_its_time_in_flight_and_in_the_queue():
+    b = SampleBuffer(group_size=4, alpha=2)
+    ids = [t for _, t in b.open_group("g", "t", 0).launch]
+    # (start version, engine version at finish, monotonic finish time) of each member; trained at version 3, time 100
+    for tid, (started, finished, at) in zip(ids, [(1, 1, 99.0), (1, 2, 90.0), (2, 2, 96.0), (1, 3, 99.5)]):
+        b.started(tid, started)
+        t = traj(tid, started)
+        t.finished_version, t.finished_at = finished, at
+        b.finished(t)
+    groups = b.take(1)
+    lag = b.lag(3, groups, now=100.0)
+    assert sorted(b.staleness(3, groups)) == [1, 2, 2, 2]  # the whole: in flight + in the queue, per trajectory
+    assert lag["lag_in_flight_max"] == 2 and lag["lag_in_flight_p50"] == 0 and lag["lag_in_flight_p90"] == 2  # 0, 1, 0, 2
+    assert lag["lag_in_queue_max"] == 2 and lag["lag_in_queue_p50"] == 1  # 2, 1, 1, 0
+    assert lag["queue_s_max"] == 10.0 and lag["queue_s_p50"] == 1.0 and lag["queue_s_p90"] == 10.0  # 1, 10, 4, 0.5
+    assert b.lag(3, [], now=100.0) == {}  # nothing trained: no figures rather than zeros

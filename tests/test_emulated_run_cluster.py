@@ -78,6 +78,8 @@ def test_emulated_run_keeps_every_trained_sample_within_the_staleness_bound(tmp_
     check_staleness_by_turns(batches, steps, alpha)  # by the versions the (emulated) engines stamped on every turn
     for r in steps:
         assert max(int(k) for k in r["staleness"]) <= alpha, r["staleness"]
+        # its two parts, each within the bound: versions installed while a trajectory ran, and while it waited to train
+        assert 0 <= r["lag_in_flight_max"] <= alpha and 0 <= r["lag_in_queue_max"] <= alpha and r["queue_s_max"] >= 0, r
         assert r["trajectories"] == 16 and r["emulated_train_s"] > 0 and r["trainer"] == "emulated"
     effective = yaml.safe_load((tmp_path / "flow.yaml").read_text())["_effective"]
     assert "Qwen3-8B" in effective["emulated"]["hardware"] and effective["engine_backend"] == "emulated"

@@ -20,6 +20,8 @@ Rules (docs/concepts/asynchrony.md):
 
 from __future__ import annotations
 
+import math
+
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -205,6 +207,21 @@ class SampleBuffer:
     def staleness(self, policy_version: int, groups: list[Group]) -> list[int]:
         return [policy_version - (t.version or 0) for g in groups for t in g.kept]
 
+    @staticmethod
+    def lag(policy_version: int, groups: list[Group], now: float) -> dict:
+        """Each trained trajectory's staleness (trainer version at Train − start version) split in two: in flight (the
+        versions the engines installed while it ran) and in the queue (from its finish to the Train that uses it), in
+        versions, and the queue's wait in seconds: p50, p90 and max over the batch."""
+        kept = [t for g in groups for t in g.kept if t.finished_version is not None]
+        if not kept:
+            return {}
+        parts = {
+            "lag_in_flight": [t.finished_version - (t.version or 0) for t in kept],
+            "lag_in_queue": [policy_version - t.finished_version for t in kept],
+            "queue_s": [now - t.finished_at for t in kept if t.finished_at is not None],
+        }
+        return {f"{name}_{q}": v for name, values in parts.items() if values for q, v in _quantiles(values).items()}
+
     # -- internals ------------------------------------------------------------------------
     def _new_member(self, g: Group) -> tuple[str, str]:
         tid = f"{g.id}/{g.next_index}"
@@ -248,3 +265,9 @@ class SampleBuffer:
 
     def _group_of(self, traj_id: str) -> Group | None:
         return self.groups.get(traj_id.rsplit("/", 1)[0])
+
+
+def _quantiles(values: list[float]) -> dict:
+    """p50, p90 (nearest rank) and max of a non-empty list."""
+    ordered = sorted(values)
+    return {f"p{q}": ordered[max(0, math.ceil(len(ordered) * q / 100) - 1)] for q in (50, 90)} | {"max": ordered[-1]}

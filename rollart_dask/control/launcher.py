@@ -134,6 +134,7 @@ class Launcher:
             # a member started from inside a phase (a replacement) still counts as rollout, not as that phase
             with phases.within(self.rollout_span):
                 await self.em.run(traj, task, barrier, on_start=self.buffer.started)
+            traj.finished_version, traj.finished_at = self.proxy.version, time.monotonic()
             orders = self.buffer.finished(traj)
             self.trajectory_s.append(time.monotonic() - t0)
             self.counts["turns"] += len(traj.turns)

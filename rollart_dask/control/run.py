@@ -239,6 +239,7 @@ class Run:
             self.metrics.samples(self.published, [g.kept[0] for g in groups[: self.cfg.observe.samples] if g.kept])
             stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
+            rec.batch.update(self.buffer.lag(self.published, groups, time.monotonic()))  # its two parts: in flight, in the queue
             batch_id = uuid.uuid4().hex  # resubmitted to a re-created trainer (recovery.py), it is answered by its id, not trained twice
             submit = lambda: self.recovery.submit_train(samples, after=self.services.weights.publishing, batch_id=batch_id)  # noqa: E731
             fut = await self.recovery.submit(submit)
