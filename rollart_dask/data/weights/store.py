@@ -18,6 +18,7 @@ the version, with generation suspended (Run.suspend), so all of the transfer is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
@@ -97,6 +98,9 @@ class WeightStore:
             buckets = self.d.submit_one("weights-bucket", worker.trainer_buckets, version, published, pool="TRAIN", worker=self.trainer)
         self._kept = {v: k for v, k in self._kept.items() if v >= version - 1}
         self._kept[version] = (published, buckets)
+        # read as soon as the publish ends, not when its staging starts (pulled at Update, that waits for the next
+        # step): a trainer lost in between is compared with what it published
+        asyncio.ensure_future(self._record_digest(version, published))
 
         def stage() -> None:  # (``engines`` read now: pulled at Update, engines that joined meanwhile get it too)
             staged = {a: self._stage(version, a, p, spec) for a, p in list(engines.items())}
@@ -141,7 +145,8 @@ class WeightStore:
         """The trainer's worker is gone, and what it published with it (Dask cannot recompute a publish): the stages in
         flight are cancelled, and a wait for the transfer waits for the re-created trainer's publish instead
         (control/recovery.py publishes the same version again)."""
-        for fut in [*self._in_flight.values(), *self._joining.values()]:
+        published = [f for kept in self._kept.values() for f in kept if f is not None]  # pinned to the lost worker: never done
+        for fut in [*self._in_flight.values(), *self._joining.values(), *published]:
             if not fut.done():
                 asyncio.ensure_future(self.d.client.cancel([fut]))
         self._in_flight, self._joining, self._kept, self._deferred = {}, {}, {}, None
@@ -150,14 +155,18 @@ class WeightStore:
         if old is not None and not old.done():
             old.cancel()
 
+    async def _record_digest(self, version: int, published) -> None:
+        with contextlib.suppress(Exception):  # a publish lost with its worker has no checksums to compare
+            manifest = await published
+            self.digests = {v: d for v, d in self.digests.items() if v >= version - 2}
+            self.digests[version] = [b["sha256"] for b in manifest["buckets"]]
+
     async def _timed(self, version: int, published, staged: dict, setup: bool, submitted: float | None, engines: dict, spec: dict) -> dict:
         """The transfer's window in wall-clock time from instants that a busy client loop cannot move later: the
         stage's submission (pulled at Update) or the publish's start on the trainer (in the background), to the
         moment the client holds every engine's answer. (Timing the start where this coroutine first ran shortened
         the window by however long the loop took to get to it.)"""
         manifest = await published
-        self.digests = {v: d for v, d in self.digests.items() if v >= version - 2}
-        self.digests[version] = [b["sha256"] for b in manifest["buckets"]]
         t0 = submitted if submitted is not None else manifest["started_at"]
         t_published = max(t0, time.time())
         results = await self._gather_staged(version, staged, engines, spec)
