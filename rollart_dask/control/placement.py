@@ -295,7 +295,8 @@ class AutoPlacement:
     def summary(self) -> dict | None:
         """The decision beside the step time measured after it (its first step left out: it began on the old mapping)."""
         if self.decided is None:
-            return {"mapping": None, "note": "the run ended before the mapping was chosen"} if self.auto else None
+            undecided = {"mapping": None, "pd": None, "note": "the run ended before the placement was chosen"}
+            return undecided if self.auto or self.pd_auto else None
         d = self.decided
         start = d.get("applied_at_step", 0) + 2  # (the step after the switch began on the old mapping)
         gaps = self._gaps(start, max(self._step_done, default=0))
