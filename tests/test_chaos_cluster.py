@@ -13,8 +13,14 @@ from rollart_dask.tools.chaos.runner import run_scenario
 from rollart_dask.tools.chaos.scenarios import SCENARIOS
 
 BUDGET = ("trainer.steps=6", "rollout.batch_groups=4", "eval.every=0", "eval.seeds=6", "observe.progress=false")
-# the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 20 minutes
+# the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 15 minutes;
+# what stays covers each kind of fault once (an engine, env, reward and trainer worker lost or restarted, elasticity)
 SLOW = {
+    "engine-worker-restart-mid-update",
+    "elastic-env",
+    "reward-worker-restart",
+    "env-worker-lost-mid-train",
+    "trainer-worker-restart",
     "env-faults",
     "reward-endpoint-faults",
     "process-kill-resume",

@@ -173,6 +173,7 @@ def test_staleness_grid_runs_a_cell_and_its_restart_twin(tmp_path):
     assert (tmp_path / "heldout.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # (40-50 s: the default stage's budget is 15 minutes)
 def test_scale_benchmark_measures_a_shape_beside_its_simulated_policy(tmp_path):
     """benchmarks/scale.py at a tiny budget: the paper's cluster shape (128 EMULATED GPUs) with a 4-group batch, its
     CPU workers sized to what it holds in flight, measured beside its simulated policy and ideal."""
@@ -222,6 +223,7 @@ EVAL = [sys.executable, "-m", "rollart_dask.entry.cli", "eval"]
 WIDE = {**__import__("os").environ, "COLUMNS": "300"}
 
 
+@pytest.mark.slow  # (40-50 s: the default stage's budget is 15 minutes)
 def test_rollart_eval_agrees_with_the_runs_held_out_figure_and_rollart_runs_lists_the_run(tmp_path):
     """`rollart eval RUN_DIR` replays the run's last held-out evaluation (same seeds, same weights, greedy) through its own
     engine/env/reward path."""

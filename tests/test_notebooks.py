@@ -178,6 +178,7 @@ assert client.status == "closed"
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
+@pytest.mark.slow  # (30 s: the default stage's budget is 15 minutes)
 def test_ablations_notebook_runs_one_tiny_figure(tmp_path):
     nb = nbformat.read(NOTEBOOKS / "ablations.ipynb", as_version=4)
     with_parameters(nb, FIGURES=["fig12a_env_level"], SCALE="tiny", OUT=str(tmp_path))
