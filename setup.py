@@ -1,5 +1,6 @@
 """Packages (the metadata is in setup.cfg). envs/ and rewards/ stay at the top of the repository, as the design
 card puts them, but install as rollart_dask.envs and rollart_dask.rewards: a user's own `envs` cannot collide."""
+
 from setuptools import find_packages, setup
 
 MAPPED = ("envs", "rewards")

@@ -213,3 +213,23 @@ def test_no_module_reads_a_private_attribute_of_run_outside_run_py():
         "<source>:1 ._fatal",
         "<source>:2 ._stopped",
     ]
+
+
+def names_the_run(source: str) -> list[int]:
+    """The lines of ``source`` that name a ``run`` (a variable, parameter or attribute): a helper handed the whole run."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        self_run = isinstance(node, ast.Attribute) and node.attr == "run" and isinstance(node.value, ast.Name) and node.value.id == "self"
+        if isinstance(node, ast.Name) and node.id == "run" or self_run:  # (client.run, a Dask call, is not the run)
+            found.add(node.lineno)
+        elif isinstance(node, ast.arg) and node.arg == "run":
+            found.add(node.lineno)
+    return sorted(found)
+
+
+def test_recovery_elasticity_and_membership_are_not_handed_the_run():
+    """They are given the run's status record (version, counters, how it fails) and its services, never the run."""
+    for helper in ("recovery", "elastic", "membership", "status"):
+        path = ROOT / PKG / "control" / f"{helper}.py"
+        assert names_the_run(path.read_text()) == [], f"{path.relative_to(ROOT)} names the run"
+    assert names_the_run("def f(run):\n    x = 1\n    self.run.counts\n    client.run(fn)\n") == [1, 3]

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-FOLDERS = ["rollart_dask", "envs", "rewards", "benchmarks", "flows", "tests", "docs"]
+FOLDERS = ["rollart_dask", "envs", "rewards", "benchmarks", "flows", "tests", "docs", "deploy", "setup.py"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ Prints step times; exits non-zero on any failure.
     python deploy/gpu/check_megatron.py          # on the GPU machine
     python deploy/gpu/check_megatron.py --cpu    # the same steps on CPU (torch AdamW instead of Megatron's optimizer)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,15 +51,32 @@ def samples(tokenizer, n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     actions = [tokenizer.convert_tokens_to_ids(c) for c in "LDRU"]
     prompt = tokenizer.encode(PROMPT)
-    return [{"prompt_ids": prompt + tokenizer.encode("F" * rng.randrange(4)), "response_ids": [rng.choice(actions)],
-             "logprobs": [math.log(0.25)], "allowed_ids": [actions], "advantage": rng.choice([-1.0, 1.0])} for _ in range(n)]
+    return [
+        {
+            "prompt_ids": prompt + tokenizer.encode("F" * rng.randrange(4)),
+            "response_ids": [rng.choice(actions)],
+            "logprobs": [math.log(0.25)],
+            "allowed_ids": [actions],
+            "advantage": rng.choice([-1.0, 1.0]),
+        }
+        for _ in range(n)
+    ]
 
 
 def check_llama_logits(tm, torch, device) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, num_hidden_layers=2,
-                         vocab_size=99, max_position_embeddings=128, tie_word_embeddings=False, rope_theta=100000.0)
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        vocab_size=99,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        rope_theta=100000.0,
+    )
     torch.manual_seed(0)
     hf = LlamaForCausalLM(config).eval()
     gpt = tm.build_gpt(config)
@@ -68,7 +86,10 @@ def check_llama_logits(tm, torch, device) -> None:
     with torch.no_grad():
         want = hf(input_ids=ids).logits
         got = tm.gpt_logits(gpt, ids.to(device), 99).float().cpu()
-    check(torch.allclose(got, want, atol=2e-3, rtol=2e-3), f"Llama GQA GPTModel logits on {device} match HF (max diff {(got - want).abs().max():.2e})")
+    check(
+        torch.allclose(got, want, atol=2e-3, rtol=2e-3),
+        f"Llama GQA GPTModel logits on {device} match HF (max diff {(got - want).abs().max():.2e})",
+    )
     back = tm.megatron_to_hf({k: v.cpu() for k, v in gpt.state_dict().items() if isinstance(v, torch.Tensor)}, config)
     check(all(torch.equal(back[k], v) for k, v in hf.state_dict().items()), "Llama HF → Megatron → HF round trip exact")
     del gpt
@@ -108,8 +129,10 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    check(initial.keys() == hf.state_dict().keys() and all(torch.equal(initial[k], v) for k, v in hf.state_dict().items()),
-          "published weights before training are the HF model's, key for key")
+    check(
+        initial.keys() == hf.state_dict().keys() and all(torch.equal(initial[k], v) for k, v in hf.state_dict().items()),
+        "published weights before training are the HF model's, key for key",
+    )
 
     print(f"2. {args.steps} GRPO steps", flush=True)
     batches = [samples(trainer.tokenizer, 64, seed=s) for s in range(args.steps)]
@@ -122,19 +145,26 @@ def main() -> int:
         if device == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        print(f"     step {step + 1}: loss {stats['loss']:+.5f}  grad_norm {stats['grad_norm']:.4f}  entropy {stats['entropy']:.4f}  {dt * 1000:.0f} ms",
-              flush=True)
+        print(
+            f"     step {step + 1}: loss {stats['loss']:+.5f}  grad_norm {stats['grad_norm']:.4f}  entropy {stats['entropy']:.4f}  {dt * 1000:.0f} ms",
+            flush=True,
+        )
         check(math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"]), f"step {step + 1}: loss and grad norm finite")
         if step == 0:
             for key in ("loss", "grad_norm"):
-                check(math.isclose(stats[key], reference[key], rel_tol=1e-3, abs_tol=1e-5),
-                      f"step 1 {key} {stats[key]:.6f} equals the torch trainer's {reference[key]:.6f} (same GRPO loss)")
+                check(
+                    math.isclose(stats[key], reference[key], rel_tol=1e-3, abs_tol=1e-5),
+                    f"step 1 {key} {stats[key]:.6f} equals the torch trainer's {reference[key]:.6f} (same GRPO loss)",
+                )
     check(trainer.version == args.steps, f"version {trainer.version} after {args.steps} steps")
 
     print("3. weight publish (Megatron → HF) and round trip", flush=True)
     t0 = time.perf_counter()
     published = trainer.state_dict()
-    print(f"     state_dict in HF names: {time.perf_counter() - t0:.3f} s, {sum(v.numel() for v in published.values()) / 1e6:.2f} M values", flush=True)
+    print(
+        f"     state_dict in HF names: {time.perf_counter() - t0:.3f} s, {sum(v.numel() for v in published.values()) / 1e6:.2f} M values",
+        flush=True,
+    )
     check(published.keys() == initial.keys(), "published keys are the HF model's")
     changed = [k for k in published if not torch.equal(published[k], initial[k])]
     check(len(changed) >= len(published) - 1, f"training changed the weights ({len(changed)}/{len(published)} tensors)")
@@ -148,7 +178,10 @@ def main() -> int:
         want = hf(input_ids=ids).logits
         got = tm.gpt_logits(trainer.model, ids.to(trainer.device), trainer.hf_config.vocab_size).float().cpu()
     trainer.gpt.train()
-    check(torch.allclose(got, want, atol=2e-3, rtol=2e-3), f"an HF model with the published weights gives the trainer's logits (max diff {(got - want).abs().max():.2e})")
+    check(
+        torch.allclose(got, want, atol=2e-3, rtol=2e-3),
+        f"an HF model with the published weights gives the trainer's logits (max diff {(got - want).abs().max():.2e})",
+    )
 
     print("4. HF checkpoint and restore", flush=True)
     path = trainer.save_checkpoint(tmp / "ckpt")

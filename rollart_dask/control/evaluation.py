@@ -8,8 +8,20 @@ import asyncio
 import time
 from collections import Counter
 
-from rollart_dask.algo.heldout import reason, summarise
+from rollart_dask.algo.heldout import incomplete_note, is_complete, reason, summarise
+from rollart_dask.observe import console
 from rollart_dask.types import Trajectory
+
+
+async def play_all(em, chosen: dict, tag: str, version: int, temperature: float, retries: int) -> tuple[dict, dict]:
+    """Every task of ``chosen`` (name → (task, seeds)) played at once (a slow task, sandboxed code, does not serialise behind
+    the others): figures and outcomes by task. A task whose figures are incomplete (failed calls) is said."""
+    played = await asyncio.gather(*(play(em, t, seeds, tag, temperature, retries) for t, seeds in chosen.values()))
+    out = {name: figures for name, (figures, _) in zip(chosen, played)}
+    for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
+        if not is_complete(fig):
+            console.print(f"held-out {name} at v{version}: {incomplete_note(fig)}", markup=False, style="yellow")
+    return out, {name: outcomes for name, (_, outcomes) in zip(chosen, played)}
 
 
 async def play(em, task, seeds: range, tag: str, temperature: float = 0.0, retries: int = 0) -> tuple[dict, dict[int, dict]]:

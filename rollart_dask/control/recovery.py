@@ -55,8 +55,11 @@ def _version_of(result) -> int:
 
 
 class TrainerRecovery:
-    def __init__(self, run):
-        self.run = run
+    """Given the run's status (its version, counters, how it fails) and, once set up, its services: not the run."""
+
+    def __init__(self, cfg, status):
+        self.cfg, self.status = cfg, status
+        self.services = None  # (attach: wired at set-up, after this is made)
         self.base: str | None = None  # the checkpoint the log starts from (None: the model's own weights, version 0)
         self.log: list[Replay] = []  # trainer calls since then, in order
         self.healthy, self.down = asyncio.Event(), asyncio.Event()  # (exactly one is set)
@@ -67,6 +70,9 @@ class TrainerRecovery:
         self._sent_to: dict[str, str] = {}  # a trainer call's key → the trainer's worker it was sent to
 
     # -- what the run tells it ------------------------------------------------------------------------
+    def attach(self, services) -> None:
+        self.services = services
+
     def trained(self, version: int, stage: str, fn: Callable, *args) -> None:
         self.log.append(Replay(version, stage, fn, args))
 
@@ -78,7 +84,7 @@ class TrainerRecovery:
         """From the membership watch: re-create the trainer (a second loss during the first re-creation starts it over)."""
         self.healthy.clear()
         self.down.set()
-        self.run.services.weights.trainer_lost()
+        self.services.weights.trainer_lost()
         if self._task is not None:
             self._task.cancel()
         self._lost = address
@@ -91,7 +97,7 @@ class TrainerRecovery:
         Train that ran meanwhile answers again, it trains nothing twice: data/tasks.py)."""
         self.healthy.clear()
         self.down.set()
-        self.run.services.weights.trainer_lost()
+        self.services.weights.trainer_lost()
         recovering = self._lost if self._task is not None and not self._task.done() else None  # its futures went too: it starts over
         if self._task is not None:
             self._task.cancel()
@@ -100,7 +106,7 @@ class TrainerRecovery:
     def watch_connection(self) -> Callable[[], None]:
         """Be told at once when the client loses the scheduler (distributed has no public hook: its reconnect is wrapped);
         returns what undoes it. The membership watch also sees a new connection (control/membership.py)."""
-        client = self.run.services.client
+        client = self.services.client
 
         def first():
             self.connection_lost()
@@ -111,32 +117,32 @@ class TrainerRecovery:
         return compat.wrap_reconnect(client, first, lambda: _dial_again(client))
 
     async def _reconnected(self, recovering: str | None) -> None:
-        run, s, t0 = self.run, self.run.services, time.monotonic()
+        status, s, t0 = self.status, self.services, time.monotonic()
         console.print("[yellow]the client lost its connection to the scheduler: waiting for it to reconnect[/yellow]")
         try:
-            deadline = t0 + run.cfg.rollout.worker_wait_s
+            deadline = t0 + self.cfg.rollout.worker_wait_s
             while s.client.status != "running":
                 if s.client.status in ("closing", "closed") or time.monotonic() > deadline:
                     raise ConnectionError(
-                        f"the client did not reconnect within rollout.worker_wait_s={run.cfg.rollout.worker_wait_s:.0f} s "
+                        f"the client did not reconnect within rollout.worker_wait_s={self.cfg.rollout.worker_wait_s:.0f} s "
                         f"(status {s.client.status})"
                     )
                 await asyncio.sleep(0.1)
-            run.counts["scheduler_reconnects"] += 1
+            status.counts["scheduler_reconnects"] += 1
             if recovering is not None:
                 return await self._recover(recovering)
             version = await s.d.submit_one("trainer-settled", tasks.trainer_settled, pool="TRAIN", worker=s.trainer)
-            if version not in (run.published, run.published + 1):  # (+1: the Train in flight ran; it answers again when resubmitted)
-                raise RuntimeError(f"the trainer stands at v{version}, the run at v{run.published}")
-            run.counts["train_ran_while_disconnected"] += version > run.published
+            if version not in (status.published, status.published + 1):  # (+1: the Train in flight ran; it answers again when resubmitted)
+                raise RuntimeError(f"the trainer stands at v{version}, the run at v{status.published}")
+            status.counts["train_ran_while_disconnected"] += version > status.published
             s.weights.publishing = None  # forgotten; nothing to order a Train after now: the trainer is settled
-            if version == run.published and s.proxy.version < run.published:  # what the engines still need, forgotten
-                s.weights.publish(run.published, s.proxy.pool_of, setup=True)
+            if version == status.published and s.proxy.version < status.published:  # what the engines still need, forgotten
+                s.weights.publish(status.published, s.proxy.pool_of, setup=True)
                 await s.weights.publishing
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the run ends, saying why
-            run.fail(
+            status.fail(
                 RuntimeError(
                     f"the client lost the scheduler and the run could not go on ({type(e).__name__}: {e}); restart the run with --resume"
                 )
@@ -156,7 +162,7 @@ class TrainerRecovery:
         replay's base and ``root/latest``. A write that fails with an OSError (a full disk) is said and counted
         (``checkpoint_failed``): the run goes on from the last good one (None). The run's final checkpoint is tried
         ``FINAL_TRIES`` times, ``FINAL_WAIT_S`` apart, and then ends the run with that error."""
-        s, path = self.run.services, root / f"step-{version}"
+        s, path = self.services, root / f"step-{version}"
 
         async def submit(after=None):  # (again on a re-created trainer: it stands at this version, no Train is in flight)
             return s.d.submit_one("checkpoint", tasks.trainer_checkpoint, str(path.resolve()), after, pool="TRAIN", worker=s.trainer)
@@ -168,7 +174,7 @@ class TrainerRecovery:
             except OSError as e:
                 if isinstance(e, CommClosedError):  # (an OSError too) the cluster, not the disk
                     raise
-                self.run.counts["checkpoint_failed"] += 1
+                self.status.counts["checkpoint_failed"] += 1
                 last = f"the last good one is {self.base}" if self.base else "there is none yet"
                 if final and attempt == FINAL_TRIES:
                     raise OSError(
@@ -197,17 +203,17 @@ class TrainerRecovery:
         fatal error (a trainer that could not be re-created) as soon as there is one."""
         while True:
             await self._ready()
-            if fut is not None and self._sent_to.pop(getattr(fut, "key", None), self.run.services.trainer) != self.run.services.trainer:
-                asyncio.ensure_future(self.run.services.d.client.cancel([fut]))  # sent to a trainer re-created since: it would wait
+            if fut is not None and self._sent_to.pop(getattr(fut, "key", None), self.services.trainer) != self.services.trainer:
+                asyncio.ensure_future(self.services.d.client.cancel([fut]))  # sent to a trainer re-created since: it would wait
                 fut = None  # for its lost worker for ever (Dask cannot run a task pinned there); sent again to the new one
-                self.run.counts["steps_redone"] += step
+                self.status.counts["steps_redone"] += step
             try:
                 if fut is None:
                     fut = await submit()
                 return await self._unless_lost(fut, timeout), fut
             except TrainerLost:  # (a Train submitted again to the trainer that ran it answers, it is not redone: data/tasks.py)
                 fut = None
-                self.run.counts["steps_redone" if self._lost else "train_resubmitted"] += step
+                self.status.counts["steps_redone" if self._lost else "train_resubmitted"] += step
 
     async def submit(self, submit: Callable[[], Awaitable]):
         """``submit()``'s future, or None when the trainer is (found) lost: ``result`` then submits it again once re-created.
@@ -215,9 +221,9 @@ class TrainerRecovery:
         dies waits for it up to Dask's 30 s connect timeout, and the trainer is re-created meanwhile: both are sent again.)"""
         if self.down.is_set():
             return None
-        trainer, attempt = self.run.services.trainer, asyncio.ensure_future(submit())
+        trainer, attempt = self.services.trainer, asyncio.ensure_future(submit())
         try:
-            done = await _first(attempt, self.down.wait(), self.run.failing.wait())
+            done = await _first(attempt, self.down.wait(), self.status.failing.wait())
         except asyncio.CancelledError:
             attempt.cancel()
             raise
@@ -228,8 +234,8 @@ class TrainerRecovery:
             fut = attempt.result()
         except Exception:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_first(self.down.wait(), self.run.failing.wait()), 3)
-            if self.down.is_set() or self.run.services.trainer != trainer:
+                await asyncio.wait_for(_first(self.down.wait(), self.status.failing.wait()), 3)
+            if self.down.is_set() or self.services.trainer != trainer:
                 return None
             raise
         if hasattr(fut, "key"):
@@ -240,33 +246,33 @@ class TrainerRecovery:
         """A Train on the trainer's worker, ordered after ``after`` (the publish it starts from). The batch goes straight to
         that worker, not through the scheduler inside the task's graph (a batch of 2,048 samples is ~45 MiB: the scheduler
         stalled forwarding it, and Dask warned every step)."""
-        s = self.run.services
+        s = self.services
         key = f"train-batch-{uuid.uuid4().hex}"  # named by its stage, like every key of the run
         batch = (await s.d.client.scatter({key: samples}, workers=[s.trainer], direct=True))[key]
         return s.d.submit_one("train", tasks.trainer_step, batch, after, batch_id, pool="TRAIN", worker=s.trainer)
 
     async def _ready(self) -> None:
-        run = self.run
+        status = self.status
         while not self.healthy.is_set():
-            await _first(self.healthy.wait(), run.failing.wait())
-            if run.fatal:
-                raise run.fatal
+            await _first(self.healthy.wait(), status.failing.wait())
+            if status.fatal:
+                raise status.fatal
 
     async def _unless_lost(self, fut, timeout: float):
-        run = self.run
+        status = self.status
         waiter = asyncio.ensure_future(fut)
-        done = await _first(waiter, self.down.wait(), run.failing.wait(), timeout=timeout)
+        done = await _first(waiter, self.down.wait(), status.failing.wait(), timeout=timeout)
         if waiter in done and not waiter.cancelled() and waiter.exception() is None:
             return waiter.result()
         if waiter in done:  # failed: if the trainer's worker is gone, the monitor says so within moments
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_first(self.down.wait(), run.failing.wait()), 3)
+                await asyncio.wait_for(_first(self.down.wait(), status.failing.wait()), 3)
         waiter.cancel()
-        if run.fatal:
-            raise run.fatal
+        if status.fatal:
+            raise status.fatal
         if self.down.is_set():
             if hasattr(fut, "key"):  # pinned to the lost worker, it would wait in the scheduler for ever
-                asyncio.ensure_future(run.services.d.client.cancel([fut]))
+                asyncio.ensure_future(self.services.d.client.cancel([fut]))
             raise TrainerLost()
         if waiter.done() and not waiter.cancelled():
             raise waiter.exception()
@@ -274,7 +280,7 @@ class TrainerRecovery:
 
     # -- re-creation ----------------------------------------------------------------------------------
     async def _recover(self, lost: str) -> None:
-        run, s = self.run, self.run.services
+        status, s = self.status, self.services
         name, t0 = s.poolmap.name(lost), time.monotonic()
         console.print(
             f"[yellow]the trainer's worker {name} was lost: re-creating the trainer from "
@@ -295,48 +301,47 @@ class TrainerRecovery:
                 version = _version_of(await last)
                 if version != r.version:
                     raise RuntimeError(f"the replayed {r.stage} left the trainer at v{version}, not v{r.version}")
-                run.counts["steps_redone"] += r.stage == "train"
-            if version != run.published:
-                raise RuntimeError(f"the trainer stands at v{version} after its replay, the run at v{run.published}")
-            before = s.weights.digests.get(run.published)
-            s.weights.publish(run.published, s.proxy.pool_of, after=last, setup=True)  # what the lost worker held
+                status.counts["steps_redone"] += r.stage == "train"
+            if version != status.published:
+                raise RuntimeError(f"the trainer stands at v{version} after its replay, the run at v{status.published}")
+            before = s.weights.digests.get(status.published)
+            s.weights.publish(status.published, s.proxy.pool_of, after=last, setup=True)  # what the lost worker held
             after = [b["sha256"] for b in (await s.weights.publishing)["buckets"]]
             same = "unknown" if before is None else "identical" if before == after else "different"
-            run.counts[f"trainer_replay_{same}"] += 1  # deterministic training replays bit for bit
+            status.counts[f"trainer_replay_{same}"] += 1  # deterministic training replays bit for bit
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the run ends, saying why
-            run.fail(
+            status.fail(
                 RuntimeError(
                     f"worker {name} holding the trainer was lost and the trainer could not be re-created "
                     f"({type(e).__name__}: {e}); restart the run with --resume"
                 )
             )
             return
-        run.counts["trainer_recovered"] += 1
+        status.counts["trainer_recovered"] += 1
         self._lost = None
         self.down.clear()
         self.healthy.set()
         console.print(
-            f"trainer re-created on {s.poolmap.name(address)} at v{run.published} in {time.monotonic() - t0:.1f} s "
+            f"trainer re-created on {s.poolmap.name(address)} at v{status.published} in {time.monotonic() - t0:.1f} s "
             f"(weights {same} to the lost trainer's)"
         )
 
     async def _replacement(self, lost: str) -> str:
         """A TRAIN worker other than ``lost`` whose trainer is built, within rollout.worker_wait_s."""
-        run = self.run
-        deadline = time.monotonic() + run.cfg.rollout.worker_wait_s
+        deadline = time.monotonic() + self.cfg.rollout.worker_wait_s
         while True:
-            workers = (await run.client.scheduler.identity())["workers"]
+            workers = (await self.services.client.scheduler.identity())["workers"]
             train = [a for a, w in workers.items() if a != lost and "TRAIN" in w.get("resources", {})]
             if train:
-                ready = await run.client.run(_trainer_ready, workers=train)
+                ready = await self.services.client.run(_trainer_ready, workers=train)
                 found = [a for a in train if ready.get(a)]
                 if found:
-                    run.services.poolmap.workers.update({a: workers[a] for a in found})
+                    self.services.poolmap.workers.update({a: workers[a] for a in found})
                     return found[0]
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no TRAIN worker with a trainer within rollout.worker_wait_s={run.cfg.rollout.worker_wait_s:.0f} s")
+                raise TimeoutError(f"no TRAIN worker with a trainer within rollout.worker_wait_s={self.cfg.rollout.worker_wait_s:.0f} s")
             await asyncio.sleep(0.5)
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 from rollart_dask.algo.advantages import advantage_fn
-from rollart_dask.algo.heldout import incomplete_note, is_complete
 from rollart_dask.algo.samples import build_samples
 from rollart_dask.config import FlowConfig, TaskConfig
 from rollart_dask.control import elastic, evaluation, membership, phases, placement, stopping, wiring
@@ -25,6 +24,7 @@ from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
 from rollart_dask.control.launcher import Launcher
 from rollart_dask.control.recovery import TrainerRecovery
+from rollart_dask.control.status import RunStatus
 from rollart_dask.control.steprecord import StepRecord
 from rollart_dask.control.telemetry import Telemetry
 from rollart_dask.data import tasks
@@ -41,35 +41,31 @@ class Run:
         self.B, self.alpha = r.batch_groups, r.alpha
         self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness)
         self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
-        self.counts: Counter = Counter()
         self.metrics = MetricsWriter(out_dir, cfg.observe, cfg.model_dump(mode="json"))  # (the flow: each tracker's config)
         self.final_checkpoint: str | None = None  # written at the run's end: the trackers' artefact
         self.run_id = f"{cfg.name}-{uuid.uuid4().hex[:8]}"  # tells this run's dashboard snapshots from other runs' on the scheduler
-        self.published = 0  # policy version: published optimizer updates
         self.history: list[dict] = []  # evaluations
         self.outcomes: dict[str, dict[int, dict]] = {}  # the last evaluation's outcomes: task → seed → success, reward
         self.syncs: list[dict] = []  # one per weight installation: when, from and to which version, phase times
         self.trained_ids: list[str] = []  # every trajectory that went into a batch, in order
         self.dashboard_url: str | None = None  # the RollArt page, when the entry point registered it
         self.cluster = None  # the embedded cluster, when the entry point started one (None: attached)
+        self.status = RunStatus()  # the version, the counters, how it fails: what recovery and elasticity are given
         self.services: wiring.Services | None = None
         self.launcher: Launcher | None = None
         self.telemetry = Telemetry(self)
         self.t_start = self.progress_at = time.monotonic()
-        self.fatal, self.failing = None, asyncio.Event()  # a lost trainer, a user fault (control/stopping.py): the run stops
-        self.recovery = TrainerRecovery(self)  # what re-creates a lost trainer (control/recovery.py)
-        self._stop_requested, self.stop_reason = False, "stop requested"  # (the reason: what ended the run early, as printed)
+        self.recovery = TrainerRecovery(cfg, self.status)  # what re-creates a lost trainer (control/recovery.py)
+        self.stopped = self._stop_requested = False  # (stopped: stop() has run)
+        self.stop_reason = "stop requested"  # what ended the run early, as printed
         self._training: tuple | None = None  # (train future, its StepRecord) until the trainer has published
-        self._run_span: dict | None = None  # Dask span of the whole run; each step's nests in it
-        self._step_span: dict | None = None
+        self._run_span = self._step_span = None  # Dask spans: the whole run's, and the step's that nests in it
         self._sync: dict = {}  # the weight installation in progress (steps 2–5)
         self._installed = False  # steps 2–4 installed a version: step 5 recomputes the KV caches
         self._bg: list[asyncio.Task] = []
         self._unwatch: Callable[[], None] = lambda: None
-        self.stopped = False
         self._weights = None  # the weight store as soon as set-up made it (closed even if set-up fails later)
-        self.weights_turn = asyncio.Lock()  # Update and a joining engine's catch-up take turns (control/elastic.py)
-        self.joining: set[asyncio.Task] = set()  # engines being brought to the engines' version
+        self.elastic = elastic.Elasticity(cfg, self.status)  # engines that leave and join (control/elastic.py)
         self.placement: placement.AutoPlacement | None = None  # tasks with affinity auto (control/placement.py)
 
     # -- set-up -------------------------------------------------------------------------------------
@@ -77,9 +73,11 @@ class Run:
         s = self.services = await wiring.wire(
             self.cfg, self.client, self.out, self.model_dir, self.d, self.start_endpoint, on_weights=lambda w: setattr(self, "_weights", w)
         )
-        self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts, on_fatal=self.fail)
+        self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts, on_fatal=self.status.fail)
+        self.status.on_fail(self.launcher.batch_ready.set)
+        self.recovery.attach(s)
         self.placement = await placement.attach(self.cfg, self.out, s)
-        elastic.watch(self)
+        self.elastic.attach(s)
         if self.from_checkpoint:
             path, self.published = await wiring.restore(s, self.out, None if self.from_checkpoint is True else self.from_checkpoint)
             self.recovery.checkpointed(path, self.published)
@@ -106,12 +104,17 @@ class Run:
         """Trajectories in flight by stage (generate, env-step, reward, …)."""
         return Counter(self.services.em.stage.values())
 
-    def fail(self, error: Exception) -> None:
-        """End the run from Get Batch, or from the wait for a Train that cannot finish; the first error is reported."""
-        if self.fatal is None:
-            self.fatal = error
-            self.failing.set()
-            self.launcher.batch_ready.set()
+    @property
+    def published(self) -> int:  # policy version: published optimizer updates
+        return self.status.published
+
+    @published.setter
+    def published(self, version: int) -> None:
+        self.status.published = version
+
+    @property
+    def counts(self) -> Counter:
+        return self.status.counts
 
     # -- steering (from the Python API; call on the run's event loop) ---------------------------------
     def pause(self) -> None:
@@ -158,8 +161,8 @@ class Run:
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "get-batch"):
             while not self._stop_requested:
-                if self.fatal:  # a lost engine or trainer: stop now rather than wait for a batch that cannot come
-                    raise self.fatal
+                if self.status.fatal:  # a lost engine or trainer: stop now rather than wait for a batch that cannot come
+                    raise self.status.fatal
                 self.launcher.carry_out(self.buffer.enforce_staleness(self.published))
                 groups = self.buffer.take(self.B)
                 if groups is not None:
@@ -202,7 +205,7 @@ class Run:
             return
         t0 = time.perf_counter()
         with phases.phase(self._step_span, "update-weights"):
-            async with self.weights_turn:
+            async with self.elastic.weights_turn:
                 await self.services.proxy.update_weights(self.published)
         self._sync["update_s"] = time.perf_counter() - t0
 
@@ -291,17 +294,10 @@ class Run:
         with phases.phase(self._step_span, "eval"):
             if self.cfg.emulated:  # EMULATED: synthetic tokens, no policy to score
                 out = {}
-            else:  # all tasks at once: a slow task (sandboxed code) does not serialise behind the others
-                chosen = tasks or self.cfg.tasks
-                tag, retries = f"{self.run_id}-v{version}", self.cfg.eval.retries
-                played = await asyncio.gather(
-                    *(evaluation.play(self.services.em, t, seeds_of(t), tag, temperature, retries) for t in chosen)
-                )
-                out = {t.name: figures for t, (figures, _) in zip(chosen, played)}
-                self.outcomes = {t.name: outcomes for t, (_, outcomes) in zip(chosen, played)}
-                for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
-                    if not is_complete(fig):
-                        console.print(f"held-out {name} at v{version}: {incomplete_note(fig)}", markup=False, style="yellow")
+            else:
+                chosen = {t.name: (t, seeds_of(t)) for t in tasks or self.cfg.tasks}
+                tag = f"{self.run_id}-v{version}"
+                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, tag, version, temperature, self.cfg.eval.retries)
         row = {
             "kind": "eval",
             "step": version,
@@ -329,8 +325,9 @@ class Run:
         self.launcher.rollout_span = phases.new_span("rollout", parent=self._run_span)
         t = self.telemetry
         self._unwatch = self.recovery.watch_connection()  # (undone at stop: the client may be the user's)
+        joins = membership.watch(self.services, self.status, self.recovery, self.elastic, lambda: self.launcher.stopping)
         self._bg = stopping.background(
-            self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "membership": membership.watch(self), "feed": t.feed()}
+            self, {"launcher": self.launcher.loop(), "watchdog": t.watchdog(), "membership": joins, "feed": t.feed()}
         )
         notify = on_step or (lambda run: None)
         try:
@@ -378,11 +375,11 @@ class Run:
             await self.telemetry.publish(final=True)
         await self.recovery.stop()
         self._unwatch()
-        for task in [*self._bg, *self.joining]:
+        for task in [*self._bg, *self.elastic.joining]:
             task.cancel()
         if self.launcher is not None:
             await self.launcher.stop()
-        await asyncio.gather(*self._bg, *self.joining, return_exceptions=True)
+        await asyncio.gather(*self._bg, *self.elastic.joining, return_exceptions=True)
         if self.services is not None:  # the cancelled trajectories' envs are closed before the channels shut
             left = await self.services.em.closes_done(timeout=2 * self.cfg.rollout.env_timeout_s)  # (one may wait out a hung call)
             if left:

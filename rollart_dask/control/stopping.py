@@ -30,7 +30,7 @@ async def deadline(run, minutes: float) -> None:
 def _ended(run, name: str, task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None and not run.stopped:
         e = task.exception()
-        run.fail(RuntimeError(f"the run's {name} task died: {type(e).__name__}: {e}"))
+        run.status.fail(RuntimeError(f"the run's {name} task died: {type(e).__name__}: {e}"))
 
 
 def ended(run) -> dict:
@@ -58,8 +58,8 @@ async def stopped_with(run, error: Exception) -> dict:
     checkpoint = run.recovery.base
     if isinstance(error, UserFault):
         await run.launcher.stop()  # no more trajectories to fail meanwhile
-        run.fatal = None  # (the trainer's calls below would raise it again)
-        run.failing.clear()
+        run.status.fatal = None  # (the trainer's calls below would raise it again)
+        run.status.failing.clear()
         try:
             await asyncio.wait_for(run.finish_training(), 120)
             checkpoint = await asyncio.wait_for(run.checkpoint(), 120) or checkpoint
