@@ -60,6 +60,18 @@ def test_alpha_zero_keeps_only_current_version():
     assert b.enforce_staleness(5).cancel == ["g/0"]
 
 
+def test_a_tighter_max_trained_lag_evicts_what_alpha_would_keep():
+    b = SampleBuffer(group_size=1, alpha=2, max_lag=1)
+    for gid, started in (("old", 3), ("new", 4)):
+        b.open_group(gid, "t", 0)
+        b.started(f"{gid}/0", started)
+        b.finished(traj(f"{gid}/0", started))
+    evicted = b.enforce_staleness(5)  # α=2 keeps both (floor 3); the bound of 1 keeps v4 only
+    assert b.counts["evicted_stale"] == 1 and [g for g, _ in evicted.launch] == ["old"]
+    assert [g.id for g in b.take(1)] == ["new"]
+    assert SampleBuffer(group_size=1, alpha=1, max_lag=3).max_lag == 1  # never looser than α
+
+
 def test_failed_member_is_replaced_from_redundancy_first():
     b = SampleBuffer(group_size=2, redundancy=1, alpha=1)
     ids = [t for _, t in b.open_group("g", "t", 0).launch]
@@ -102,3 +114,16 @@ def test_a_trained_trajectorys_staleness_splits_into_its_time_in_flight_and_in_t
     assert lag["lag_in_queue_max"] == 2 and lag["lag_in_queue_p50"] == 1  # 2, 1, 1, 0
     assert lag["queue_s_max"] == 10.0 and lag["queue_s_p50"] == 1.0 and lag["queue_s_p90"] == 10.0  # 1, 10, 4, 0.5
     assert b.lag(3, [], now=100.0) == {}  # nothing trained: no figures rather than zeros
+
+
+def test_the_trainer_drops_a_sample_with_any_token_past_the_lag_bound():
+    from rollart_dask.algo.samples import within_lag
+
+    samples = [
+        {"version": 4, "token_versions": None, "response_ids": [1, 2]},  # lag 1
+        {"version": 5, "token_versions": [3, 4, 5], "response_ids": [1, 2, 3]},  # continued: its first token lags 2
+        {"version": 5, "token_versions": None, "response_ids": [1]},  # lag 0
+    ]
+    kept, dropped = within_lag(samples, trainer_version=5, bound=1)
+    assert kept == [samples[0], samples[2]] and dropped == 1
+    assert within_lag(samples, 5, 2) == (samples, 0) and within_lag(samples, 5, 0) == ([samples[2]], 2)

@@ -12,7 +12,15 @@ from rollart_dask.config import load_flow
 from rollart_dask.tools.chaos.runner import run_scenario
 from rollart_dask.tools.chaos.scenarios import SCENARIOS
 
-BUDGET = ("trainer.steps=6", "rollout.batch_groups=4", "eval.every=0", "eval.seeds=6", "observe.progress=false")
+# rollout.max_trained_lag=1: no trained token more than a version behind the trainer, through every fault
+BUDGET = (
+    "trainer.steps=6",
+    "rollout.batch_groups=4",
+    "eval.every=0",
+    "eval.seeds=6",
+    "observe.progress=false",
+    "rollout.max_trained_lag=1",
+)
 # the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 15 minutes;
 # what stays covers each kind of fault once (an engine, env, reward and trainer worker lost or restarted, elasticity)
 SLOW = {
@@ -78,6 +86,7 @@ def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path):
         assert row["steps"] == max(6, SCENARIOS[name].min_steps), row  # one optimizer step per step: none trained twice, none lost
         assert row["envs"]["envs_made"] == row["envs"]["envs_closed"] > 0, row["envs"]
         assert not row["checkpoints"]["partial"] and row["checkpoints"]["latest_whole"], row["checkpoints"]  # failed writes leave none
+        assert row["token_lag_max"] <= 1 and row["counts"]["samples_over_lag_dropped"] == 0, row  # the bound held, by Get Batch
         for key, least in EXPECT.get(name, {}).items():
             assert row["counts"].get(key, 0) >= least, (key, row["counts"])
 

@@ -48,6 +48,14 @@ def test_mode_rules(mode, alpha, level, needle):
     assert needle in str(e.value)
 
 
+def test_max_trained_lag_is_at_most_alpha_and_defaults_to_it():
+    with pytest.raises(FlowError) as e:
+        load_flow(data=flow_dict(**{"rollout.alpha": 1, "rollout.max_trained_lag": 2}))
+    assert "rollout.max_trained_lag=2 is looser than rollout.alpha=1" in str(e.value) and "0..1" in str(e.value)
+    assert load_flow(data=flow_dict(**{"rollout.alpha": 2})).rollout.lag_bound == 2
+    assert load_flow(data=flow_dict(**{"rollout.alpha": 2, "rollout.max_trained_lag": 0})).rollout.lag_bound == 0
+
+
 def test_mode_defaults():
     assert load_flow(data=flow_dict(**{"rollout.mode": "sync", "rollout.alpha": None})).rollout.alpha == 0
     cfg = load_flow(data=flow_dict(**{"rollout.mode": "one_off", "rollout.alpha": None}))

@@ -206,6 +206,23 @@ def test_a_turn_a_weight_update_interrupts_restarts_or_continues_with_a_version_
         assert tokens["discarded"] > 0 and tokens["continued"] == 0 and mixed == 0
 
 
+def test_max_trained_lag_bounds_every_trained_token_of_continued_turns_tighter_than_alpha(tmp_path, run_async):
+    """α=4 lets groups run four versions ahead and continued turns carry tokens of older versions; with
+    rollout.max_trained_lag=1 no trained token is more than one version behind the trainer that trains it (the trainer
+    measures it), Get Batch having evicted what was older, so that the trainer's own guard dropped nothing."""
+    from rollart_dask.entry.api import run_flow
+
+    cfg = _emulated_flow(
+        tmp_path, "rollout.alpha=4", "rollout.max_trained_lag=1", "rollout.admission=eager", "rollout.partial=continue", "trainer.steps=6"
+    )
+    result = run_async(run_flow(cfg, tmp_path), timeout=600)
+    steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").open()) if r["kind"] == "step"]
+    assert len(steps) == 6 and all(r["token_lag_max"] <= 1 for r in steps), [r["token_lag_max"] for r in steps]
+    assert result["counts"]["samples_over_lag_dropped"] == 0
+    stale = result["accounting"]["evicted_stale"] + result["accounting"]["aborted_stale"]
+    assert stale > 0, result["accounting"]  # the bound did evict: α alone would have trained them
+
+
 @pytest.mark.slow
 def test_affinity_auto_profiles_the_tasks_then_moves_them_to_the_mapping_predicted_fastest(tmp_path, run_async):
     """Both tasks generate on either pool while they are profiled; at the step boundary after the decision

@@ -90,3 +90,14 @@ def version_lag(samples: Sequence[dict], trainer_version: int) -> dict:
         "token_lag_max": max(lag),
         "token_lag_share": sum(v for k, v in lag.items() if k > 0) / n,
     }
+
+
+def within_lag(samples: Sequence[dict], trainer_version: int, bound: int) -> tuple[list[dict], int]:
+    """The samples none of whose tokens is more than ``bound`` versions behind the trainer (rollout.max_trained_lag),
+    and how many others there were."""
+
+    def oldest(s: dict) -> int:
+        return min(s["token_versions"]) if s.get("token_versions") else s.get("version", trainer_version)
+
+    kept = [s for s in samples if trainer_version - oldest(s) <= bound]
+    return kept, len(samples) - len(kept)

@@ -252,6 +252,13 @@ class RolloutConfig(Strict):
     mode: Literal["sync", "one_off", "rollart"] = "rollart"
     level: Literal["trajectory", "batch"] | None = Field(None, description="default: batch for sync/one_off, trajectory for rollart")
     alpha: int | None = Field(None, ge=0, description="staleness bound; default: 0 sync, 1 one_off, 1 rollart")
+    max_trained_lag: int | None = Field(
+        None,
+        ge=0,
+        description="hard bound, in versions, on every trained token's lag (trainer version at the Train − the version that "
+        "made the token), queue time included; at most alpha (default: alpha). Get Batch evicts what is older, and the "
+        "trainer itself drops any sample past it (counted: samples_over_lag_dropped), through recovery and reconnects",
+    )
     admission: Literal["safe", "eager"] = Field(
         "safe",
         description="when a new group may start. safe: only if it would be fresh enough "
@@ -340,7 +347,17 @@ class RolloutConfig(Strict):
             raise ValueError(
                 f"rollout.mode=one_off requires rollout.alpha=1 and rollout.level=batch (got alpha={self.alpha}, level={self.level})"
             )
+        if self.max_trained_lag is not None and self.max_trained_lag > self.alpha:
+            raise ValueError(
+                f"rollout.max_trained_lag={self.max_trained_lag} is looser than rollout.alpha={self.alpha}, which already bounds "
+                f"every trained token's lag: set it to 0..{self.alpha}, or leave it out"
+            )
         return self
+
+    @property
+    def lag_bound(self) -> int:
+        """What no trained token's lag may exceed: rollout.max_trained_lag, else alpha."""
+        return self.alpha if self.max_trained_lag is None else self.max_trained_lag
 
 
 class MegatronParallel(Strict):

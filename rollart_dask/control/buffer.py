@@ -10,8 +10,8 @@ Rules (docs/concepts/asynchrony.md):
 - A member that fails or is aborted is replaced: from the redundant members still running,
   else by relaunching one (at most ``max_relaunch`` per group; after that the group is
   dropped and counted).
-- Staleness: with the policy at version n, a member started by version < n - alpha is
-  aborted (running) or evicted (finished), counted, and replaced.
+- Staleness: with the policy at version n, a member started by version < n - alpha (or n - max_lag, when
+  rollout.max_trained_lag is tighter) is aborted (running) or evicted (finished), counted, and replaced.
 - Fairness (``fairness="task"``, control/fairness.py): batches are filled by a per-task quota that keeps
   the admitted mix, and stale replacements are not charged to ``max_relaunch``.
 - Accounting: every trajectory id launched ends in exactly one outcome of ``OUTCOMES`` (``ledger``);
@@ -63,10 +63,19 @@ class Orders:
 
 
 class SampleBuffer:
-    def __init__(self, group_size: int, redundancy: int = 0, alpha: int = 1, max_relaunch: int = 3, fairness: str = "none"):
+    def __init__(
+        self,
+        group_size: int,
+        redundancy: int = 0,
+        alpha: int = 1,
+        max_relaunch: int = 3,
+        fairness: str = "none",
+        max_lag: int | None = None,
+    ):
         if fairness not in FAIRNESS:
             raise ValueError(f"fairness {fairness!r} is not one of {', '.join(FAIRNESS)}")
         self.G, self.r, self.alpha, self.max_relaunch, self.fairness = group_size, redundancy, alpha, max_relaunch, fairness
+        self.max_lag = alpha if max_lag is None else min(alpha, max_lag)  # the floor's distance (rollout.max_trained_lag)
         self.groups: dict[str, Group] = {}
         self.complete: list[str] = []  # group ids with G kept members, in completion order
         self.counts: Counter = Counter()
@@ -122,8 +131,8 @@ class SampleBuffer:
         return self._refill(g)
 
     def enforce_staleness(self, policy_version: int) -> Orders:
-        """Abort running and evict finished members started before policy_version - alpha."""
-        floor = policy_version - self.alpha
+        """Abort running and evict finished members started before policy_version - alpha (or the tighter max_lag)."""
+        floor = policy_version - self.max_lag
         orders = Orders()
         for g in list(self.groups.values()):
             stale = [t for t, v in g.versions.items() if v < floor and g.members.get(t) in (RUNNING, KEPT)]

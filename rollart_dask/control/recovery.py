@@ -249,7 +249,8 @@ class TrainerRecovery:
         s = self.services
         key = f"train-batch-{uuid.uuid4().hex}"  # named by its stage, like every key of the run
         batch = (await s.d.client.scatter({key: samples}, workers=[s.trainer], direct=True))[key]
-        return s.d.submit_one("train", tasks.trainer_step, batch, after, batch_id, pool="TRAIN", worker=s.trainer)
+        max_lag = self.cfg.rollout.lag_bound  # (the trainer's own guard of rollout.max_trained_lag)
+        return s.d.submit_one("train", tasks.trainer_step, batch, after, batch_id, max_lag, pool="TRAIN", worker=s.trainer)
 
     async def _ready(self) -> None:
         status = self.status

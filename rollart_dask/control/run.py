@@ -39,7 +39,7 @@ class Run:
         self.from_checkpoint, self.start_endpoint = resume, start_endpoint
         r = cfg.rollout
         self.B, self.alpha = r.batch_groups, r.alpha
-        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness)
+        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness, r.lag_bound)
         self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
         self.metrics = MetricsWriter(out_dir, cfg.observe, cfg.model_dump(mode="json"))  # (the flow: each tracker's config)
         self.final_checkpoint: str | None = None  # written at the run's end: the trackers' artefact
@@ -266,6 +266,7 @@ class Run:
             self.recovery.trained(self.published, "train", tasks.trainer_step, samples)
             s.weights.publish(self.published, s.proxy.pool_of, after=fut)
         rec.train = metrics
+        self.counts["samples_over_lag_dropped"] += metrics.get("samples_over_lag_dropped", 0)  # (0: Get Batch evicted them)
         self.telemetry.train_busy_s += metrics["train_s"]
         every = self.cfg.trainer.checkpoint_every
         if every and self.published % every == 0:

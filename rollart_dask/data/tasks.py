@@ -225,15 +225,25 @@ _trainer_lock = threading.Lock()
 _last_train: dict = {}
 
 
-def trainer_step(samples: list[dict], _after=None, batch_id: str | None = None) -> dict:
-    from rollart_dask.algo.samples import version_lag
+def trainer_step(samples: list[dict], _after=None, batch_id: str | None = None, max_lag: int | None = None) -> dict:
+    """One update. ``max_lag`` (rollout.max_trained_lag): a sample with a token more versions behind this trainer than
+    that is not trained, whatever the client's bookkeeping said (its Get Batch evicts them first: this is the bound's
+    last guard, at the version the trainer actually stands at)."""
+    from rollart_dask.algo.samples import version_lag, within_lag
 
     trainer = service(TRAINER)
     with _trainer_lock:
         if batch_id is not None and _last_train.get("batch_id") == batch_id:
             return dict(_last_train["result"])
+        dropped = 0
+        if max_lag is not None:
+            samples, dropped = within_lag(samples, trainer.version, max_lag)
+            if not samples:
+                raise RuntimeError(
+                    f"every sample of the batch is more than rollout.max_trained_lag={max_lag} versions behind the trainer (v{trainer.version})"
+                )
         lag = version_lag(samples, trainer.version)  # per-token versions: how off-policy the batch is, token by token
-        result = {**trainer.train_step(samples), **lag}
+        result = {**trainer.train_step(samples), **lag, "samples_over_lag_dropped": dropped}
         _last_train.update(batch_id=batch_id, result=dict(result))
         return result
 

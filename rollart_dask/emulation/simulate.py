@@ -79,7 +79,9 @@ class Simulation:
         self.update_s = max(weight_load_seconds(self.model, p.gpu, p.tp) for p in pools.values())
         self.pull, self.transfer_s = cfg.weights.pull, transfer_seconds(cfg, engine_workers)
         self.staged_at = 0.0  # pull=background: when the engines hold the latest published version
-        self.buffer = SampleBuffer(self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch, self.r.fairness)
+        self.buffer = SampleBuffer(
+            self.r.group_size, self.r.redundancy, max(self.r.alpha, 0), self.r.max_relaunch, self.r.fairness, self.r.lag_bound
+        )
         self.now, self._events, self._seq = 0.0, [], itertools.count()
         self.procs: dict[str, object] = {}  # trajectory → its generator
         self.where: dict[str, str] = {}  # trajectory → the pool it generates on

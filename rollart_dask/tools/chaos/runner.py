@@ -143,6 +143,7 @@ async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: i
             samples_lost=lost_samples(result, rows, cfg),
             counts=result["counts"],
             checkpoints=checkpoints(out),
+            token_lag_max=max((r["token_lag_max"] for r in rows if r.get("kind") == "step" and "token_lag_max" in r), default=None),
         )
     except Exception as e:  # noqa: BLE001 - a scenario that fails is a row of the table, with its error
         row.update(completed=False, error=f"{type(e).__name__}: {e}"[:400], elapsed_s=time.monotonic() - t0)
