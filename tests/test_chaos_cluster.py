@@ -22,8 +22,9 @@ BUDGET = (
     "rollout.max_trained_lag=1",
 )
 # the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 15 minutes;
-# what stays covers each kind of fault once (an engine, env, reward and trainer worker lost or restarted, elasticity)
+# what stays covers each plane once (an env worker and the trainer's lost, an engine restarted, the reward endpoint restarted, elasticity)
 SLOW = {
+    "env-worker-restart",
     "engine-worker-restart-mid-update",
     "elastic-env",
     "reward-worker-restart",

@@ -128,6 +128,7 @@ def _state(address: str) -> dict:
         }
 
 
+@pytest.mark.slow  # (35 s: the default stage's budget is 15 minutes)
 def test_quickstart_runs_on_the_external_cluster(scheduler, tmp_path):
     before = _state(scheduler)
     out = tmp_path / "run"
