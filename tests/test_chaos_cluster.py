@@ -153,3 +153,11 @@ def test_the_table_compares_seconds_per_planned_step_and_marks_a_failed_run():
     failed = {"scenario": "x", "completed": False, "error": "TimeoutError: it hangs", "elapsed_s": 240.0, "steps_planned": 6}
     assert cells(base, base)[5] == "1.00×" and cells(longer, base)[5] == "1.50×"  # 0.75 s/step against 0.5 s/step
     assert cells(failed, base)[2] == "no: TimeoutError: it hangs" and cells(failed, base)[3] == cells(failed, base)[5] == "–"
+
+
+def test_scenarios_are_chosen_by_name_or_a_comma_list_after_the_baseline():
+    from rollart_dask.tools.chaos.scenarios import select
+
+    assert [s.name for s in select("trainer-worker-lost, elastic-env")] == ["baseline", "trainer-worker-lost", "elastic-env"]
+    with pytest.raises(ValueError, match="unknown chaos scenario no-such"):
+        select("trainer-worker-lost,no-such")

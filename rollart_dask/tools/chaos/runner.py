@@ -109,6 +109,11 @@ def checkpoints(out: Path) -> dict:
     }
 
 
+def token_lag_max(rows: list[dict]) -> int | None:
+    """The most any trained token lagged behind the trainer that trained it, over the run's steps (the trainer measures it)."""
+    return max((r["token_lag_max"] for r in rows if r.get("kind") == "step" and "token_lag_max" in r), default=None)
+
+
 LIMIT_S = 900.0  # a scenario's run that has not ended by then hangs: a failed row, never a suite that waits for ever
 
 
@@ -143,7 +148,7 @@ async def run_in_process(cfg: FlowConfig, scenario: Scenario, out: Path, seed: i
             samples_lost=lost_samples(result, rows, cfg),
             counts=result["counts"],
             checkpoints=checkpoints(out),
-            token_lag_max=max((r["token_lag_max"] for r in rows if r.get("kind") == "step" and "token_lag_max" in r), default=None),
+            token_lag_max=token_lag_max(rows),
         )
     except Exception as e:  # noqa: BLE001 - a scenario that fails is a row of the table, with its error
         row.update(completed=False, error=f"{type(e).__name__}: {e}"[:400], elapsed_s=time.monotonic() - t0)
@@ -228,6 +233,7 @@ def run_killed_and_resumed(cfg: FlowConfig, scenario: Scenario, out: Path, seed:
         accounting=summary["accounting"],
         counts=summary["counts"],
         samples_lost=lost_samples(summary, [r for r in rows if r.get("kind") == "step" and r["version"] > at], cfg),
+        token_lag_max=token_lag_max(rows),
         resumed_at=at,
         final_version=summary["last"]["version"],
         optimizer_steps=optimizer,

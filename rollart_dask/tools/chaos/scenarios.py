@@ -204,8 +204,11 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def select(name: str) -> list[Scenario]:
+    """``all``, or one or more names, comma-separated: the fault-free baseline first, then those."""
     if name == "all":
         return list(SCENARIOS.values())
-    if name not in SCENARIOS:
-        raise ValueError(f"unknown chaos scenario {name!r}; known: all, {', '.join(SCENARIOS)}")
-    return [SCENARIOS["baseline"], SCENARIOS[name]] if name != "baseline" else [SCENARIOS["baseline"]]
+    names = [n.strip() for n in name.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise ValueError(f"unknown chaos scenario {', '.join(unknown) or repr(name)}; known: all, {', '.join(SCENARIOS)}")
+    return [SCENARIOS["baseline"], *(SCENARIOS[n] for n in names if n != "baseline")]
