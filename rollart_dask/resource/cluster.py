@@ -80,6 +80,7 @@ async def leave_as_found(client, found: dict) -> None:
 
 PRELOAD = "rollart_dask.serve.dashboard.preload"
 MALLOC_TRIM = "MALLOC_TRIM_THRESHOLD_"
+OMP_WAIT = "OMP_WAIT_POLICY"
 
 
 class PoolNanny(Nanny):
@@ -120,6 +121,9 @@ def cluster_spec(cfg: ClusterConfig, security=None) -> dict:
                     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
                     "OMP_NUM_THREADS": str(w.torch_threads),
                     "MKL_NUM_THREADS": str(w.torch_threads),
+                    # workers share the machine's cores: OpenMP threads that spin while they wait collapse beside another
+                    # busy worker (a 2-thread trainer beside a generating engine), so they wait passively unless set
+                    OMP_WAIT: os.environ.get(OMP_WAIT, "PASSIVE"),
                     "TOKENIZERS_PARALLELISM": "false",
                 },
                 "memory_limit": 0,
