@@ -190,7 +190,6 @@ def test_tiny_model_on_frozenlake_agrees_with_a_transformers_greedy_evaluator(ad
     assert check_agreement(fig, mine, theirs, actions, n) >= 0.9  # fp32 both sides: the same moves, but for a near tie
 
 
-@pytest.mark.slow  # (35 s: the default stage's budget is 15 minutes)
 def test_smollm2_on_arithmetic_agrees_with_a_transformers_greedy_evaluator(address, tmp_path, run_async):
     from rollart_dask.models.prepare import cache_dir
     from rollart_dask.models.smollm2 import ModelUnavailable, build_smollm2
