@@ -227,9 +227,9 @@ def names_the_run(source: str) -> list[int]:
     return sorted(found)
 
 
-def test_recovery_elasticity_and_membership_are_not_handed_the_run():
+def test_recovery_elasticity_membership_and_telemetry_are_not_handed_the_run():
     """They are given the run's status record (version, counters, how it fails) and its services, never the run."""
-    for helper in ("recovery", "elastic", "membership", "status"):
+    for helper in ("recovery", "elastic", "membership", "status", "telemetry"):
         path = ROOT / PKG / "control" / f"{helper}.py"
         assert names_the_run(path.read_text()) == [], f"{path.relative_to(ROOT)} names the run"
     assert names_the_run("def f(run):\n    x = 1\n    self.run.counts\n    client.run(fn)\n") == [1, 3]

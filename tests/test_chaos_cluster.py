@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from rollart_dask.config import load_flow
-from rollart_dask.tools.chaos.runner import run_scenario
+from rollart_dask.tools.chaos.runner import run_scenario, shared_cluster
 from rollart_dask.tools.chaos.scenarios import SCENARIOS
 
 # rollout.max_trained_lag=1: no trained token more than a version behind the trainer, through every fault
@@ -22,12 +22,13 @@ BUDGET = (
     "rollout.max_trained_lag=1",
 )
 # the longest (tens of seconds to a minute each), and enough of the others that the default stage stays under 15 minutes;
-# what stays covers each plane once (an env worker and the trainer's lost, an engine restarted, the reward endpoint restarted, elasticity)
+# what stays covers each plane (an env worker and the trainer's lost, an engine, the trainer and a reward worker restarted,
+# the reward endpoint restarted, elasticity, the scheduler's connection cut, the checkpoints' disk full); those that share
+# the module's cluster take seconds each
 SLOW = {
     "env-worker-restart",
     "engine-worker-restart-mid-update",
     "elastic-env",
-    "reward-worker-restart",
     "env-worker-lost-mid-train",
     "trainer-worker-restart",
     "env-faults",
@@ -35,10 +36,7 @@ SLOW = {
     "process-kill-resume",
     "code-env-worker-restart",
     "mooncake-master-restart",
-    "scheduler-connection-drop",
     "reward-worker-lost",
-    "checkpoint-disk-full",
-    "trainer-worker-restart-mid-update",
 }
 # what each scenario must have made the runtime do (beyond completing with nothing lost)
 EXPECT = {
@@ -71,10 +69,20 @@ def scenario_params():
             yield pytest.param(name, marks=marks, id=name)
 
 
+@pytest.fixture(scope="module")
+def scheduler():
+    """One cluster of the quickstart's workers for the scenarios that leave it as found (the others start their own)."""
+    with shared_cluster(load_flow("flows/quickstart.yaml")) as address:
+        yield address
+
+
 @pytest.mark.parametrize("name", scenario_params())
-def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path):
-    row = run_scenario(load_flow("flows/quickstart.yaml"), SCENARIOS[name], tmp_path, seed=1, budget=BUDGET, limit_s=240)
+def test_a_chaos_scenario_loses_and_leaks_nothing(name, tmp_path, scheduler):
+    row = run_scenario(
+        load_flow("flows/quickstart.yaml"), SCENARIOS[name], tmp_path, seed=1, budget=BUDGET, limit_s=240, scheduler=scheduler
+    )
     assert row["completed"], (row.get("error"), row.get("waiting_in"))
+    assert row["shared_cluster"] == SCENARIOS[name].can_share_cluster, row  # a worker lost or added: a cluster of its own
     assert not row["inject_errors"] and len(row["faults"]) == len(SCENARIOS[name].faults), row
     assert row["samples_lost"] == 0 and row["accounting"]["unaccounted"] == 0, row["accounting"]
     assert row["leaked_processes"] == 0, row
@@ -122,7 +130,7 @@ def test_rollart_chaos_prints_the_table_and_writes_the_results(tmp_path):
     assert "| env-worker-restart | kill cpu-0" in table and "samples lost" in table
 
 
-def test_a_final_checkpoint_that_cannot_be_written_ends_the_run_saying_where_and_what_is_left(tmp_path):
+def test_a_final_checkpoint_that_cannot_be_written_ends_the_run_saying_where_and_what_is_left(tmp_path, scheduler):
     from rollart_dask.tools.chaos.scenarios import TRAINER, Fault, Scenario
 
     full = Scenario(
@@ -131,8 +139,9 @@ def test_a_final_checkpoint_that_cannot_be_written_ends_the_run_saying_where_and
         (Fault("fill_disk", TRAINER, "rollout", 0, 0.0),),
         overrides=("trainer.checkpoint_every=2",),
     )
-    row = run_scenario(load_flow("flows/quickstart.yaml"), full, tmp_path, seed=1, budget=("trainer.steps=2", *BUDGET[1:]))
-    assert not row["completed"] and not row["inject_errors"], row
+    budget = ("trainer.steps=2", *BUDGET[1:])
+    row = run_scenario(load_flow("flows/quickstart.yaml"), full, tmp_path, seed=1, budget=budget, scheduler=scheduler)
+    assert not row["completed"] and not row["inject_errors"] and row["shared_cluster"], row
     assert "final checkpoint could not be written" in row["error"] and "after 3 tries" in row["error"], row["error"]
     assert "No space left on device" in row["error"] and "there is none yet" in row["error"], row["error"]
     assert not list((tmp_path / "checkpoints").glob("step-*")), "a failed write left a checkpoint behind"

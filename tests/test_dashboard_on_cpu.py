@@ -46,7 +46,7 @@ def fake_run(n_steps=3, t_start=100.0):
     return SimpleNamespace(
         cfg=cfg,
         run_id="demo-1234",
-        t_start=t_start,
+        status=SimpleNamespace(t_start=t_start),
         published=n_steps,
         state="running",
         engine_version=n_steps,

@@ -220,3 +220,18 @@ def test_rollart_run_ends_a_user_fault_with_its_error_not_a_traceback_and_writes
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "UserFault" and "raises_later" in summary["error"] and summary["checkpoint"]
     assert (out / "metrics.jsonl").exists()
+
+
+def test_the_watchdog_reports_a_run_that_makes_no_progress_with_what_is_in_flight_and_where(address, tmp_path, model_dir, run_async):
+    out, _, _ = run_with(
+        address,
+        tmp_path,
+        model_dir,
+        run_async,
+        {"env": "faults_mod:StepHangsLater"},
+        **{"rollout.env_timeout_s": 4, "rollout.user_faults": {"consecutive": 2}, "eval.seeds": 1, "observe.watchdog_s": 1},
+    )
+    stopped(out, "gave no answer in 4s")  # the hang ends the run; before that, the watchdog said where it stood
+    report = (tmp_path / "watchdog.txt").read_text()
+    assert "watchdog: no progress for" in report and "in flight by stage {" in report and "'env-step'" in report, report
+    assert "envs by worker {" in report and "policy v0" in report and "--- " in report  # and every coroutine's stack

@@ -24,6 +24,7 @@ from rollart_dask.control.collector import fewer_collections
 from rollart_dask.control.dispatch import Dispatcher
 from rollart_dask.control.launcher import Launcher
 from rollart_dask.control.recovery import TrainerRecovery
+from rollart_dask.control.snapshot import build_snapshot
 from rollart_dask.control.status import RunStatus
 from rollart_dask.control.steprecord import StepRecord
 from rollart_dask.control.telemetry import Telemetry
@@ -53,8 +54,7 @@ class Run:
         self.status = RunStatus()  # the version, the counters, how it fails: what recovery and elasticity are given
         self.services: wiring.Services | None = None
         self.launcher: Launcher | None = None
-        self.telemetry = Telemetry(self)
-        self.t_start = self.progress_at = time.monotonic()
+        self.telemetry = Telemetry(cfg, self.status, self.buffer, out_dir, lambda final: build_snapshot(self, final=final))
         self.recovery = TrainerRecovery(cfg, self.status)  # what re-creates a lost trainer (control/recovery.py)
         self.stopped = self._stop_requested = False  # (stopped: stop() has run)
         self.stop_reason = "stop requested"  # what ended the run early, as printed
@@ -75,6 +75,7 @@ class Run:
         )
         self.launcher = Launcher(self.cfg, self.buffer, s.proxy, s.em, self.counts, on_fatal=self.status.fail)
         self.status.on_fail(self.launcher.batch_ready.set)
+        self.telemetry.attach(s, self.launcher)
         self.recovery.attach(s)
         self.placement = await placement.attach(self.cfg, self.out, s)
         self.elastic.attach(s)
@@ -271,7 +272,7 @@ class Run:
         every = self.cfg.trainer.checkpoint_every
         if every and self.published % every == 0:
             await self.checkpoint(after=fut)
-        self.progress_at = time.monotonic()
+        self.status.progressed()
         if write:
             self.metrics.write(rec.row())
 
@@ -305,7 +306,7 @@ class Run:
             "version": version,
             "eval": out,
             "temperature": temperature,
-            "elapsed_s": time.monotonic() - self.t_start,
+            "elapsed_s": time.monotonic() - self.status.t_start,
             "eval_s": time.monotonic() - t0,
         }
         self.history.append(row)
@@ -320,7 +321,7 @@ class Run:
 
     async def _run(self, on_step) -> dict:
         cfg = self.cfg
-        self.t_start = self.progress_at = time.monotonic()  # set-up (model loads, warm start) is not a stall
+        self.status.started()  # set-up (model loads, warm start) is not a stall
         # one Dask span for the run: the first evaluation, rollout and every step nest in it
         self._run_span = self._step_span = phases.new_span("rollart")
         self.launcher.rollout_span = phases.new_span("rollout", parent=self._run_span)

@@ -44,7 +44,7 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         "mode": cfg.rollout.mode,
         "alpha": cfg.rollout.alpha,
         "status": "ended" if final else run.state,
-        "t": _r(now - run.t_start, 2),
+        "t": _r(now - run.status.t_start, 2),
         "steps_target": cfg.trainer.steps,
         "version": run.engine_version,  # the engines' policy version
         "published": run.published,  # the trainer's
@@ -68,7 +68,7 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
         # weight syncs of set-up (warm start, restore) have t < 0: they happened before the run's clock
         "syncs": [
             {
-                "t": _r(s["at"] - run.t_start, 2),
+                "t": _r(s["at"] - run.status.t_start, 2),
                 "from": s["from"],
                 "version": s["version"],
                 **{k: _r(s.get(k, 0.0)) for k in ("suspend_s", "update_s", "recompute_kv_s")},

@@ -22,7 +22,7 @@ def background(run, coros: dict) -> list[asyncio.Task]:
 
 
 async def deadline(run, minutes: float) -> None:
-    await asyncio.sleep(max(0.0, minutes * 60 - (time.monotonic() - run.t_start)))
+    await asyncio.sleep(max(0.0, minutes * 60 - (time.monotonic() - run.status.t_start)))
     run.stop_reason = f"time limit of {minutes:g} min (trainer.max_minutes) reached"
     run.request_stop()
 
@@ -40,7 +40,7 @@ def ended(run) -> dict:
         "first": run.history[0],
         "last": run.history[-1],
         "checkpoint": run.final_checkpoint,
-        "elapsed_s": time.monotonic() - run.t_start,
+        "elapsed_s": time.monotonic() - run.status.t_start,
         "counts": {**run.buffer.counts, **run.counts, **s.em.counts, **s.weights.counts},
         "steps": run.published - run.launcher.base_version,
         "weights": s.weights.summary(),
@@ -70,7 +70,7 @@ async def stopped_with(run, error: Exception) -> dict:
         "stopped_by": type(error).__name__,
         "checkpoint": checkpoint,
         "steps": run.published - (run.launcher.base_version if run.launcher else 0),
-        "elapsed_s": time.monotonic() - run.t_start,
+        "elapsed_s": time.monotonic() - run.status.t_start,
         "first": run.history[0] if run.history else None,
         "last": run.history[-1] if run.history else None,
         "counts": {**run.buffer.counts, **run.counts, **(run.services.em.counts if run.services else {})},

@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from pathlib import Path
+from typing import Callable
 
-from rollart_dask.control.snapshot import TOPIC, build_snapshot
+from rollart_dask.control.buffer import SampleBuffer
+from rollart_dask.control.snapshot import TOPIC
+from rollart_dask.control.status import RunStatus
 from rollart_dask.data import plugins, tasks
 from rollart_dask.observe import console
 
@@ -57,8 +61,13 @@ REWARD_TOTALS = ("calls", "throttles", "cold_starts", "retries", "errors")  # (p
 
 
 class Telemetry:
-    def __init__(self, run):
-        self.run = run  # a control.run.Run: read, never steered
+    """Given the run's status record, its buffer and a snapshot of it for the page, never the run itself; the services
+    and the launcher once set-up has made them (``attach``)."""
+
+    def __init__(self, cfg, status: RunStatus, buffer: SampleBuffer, out: Path, snapshot: Callable[[bool], dict]):
+        self.cfg, self.status, self.buffer, self.out = cfg, status, buffer, out
+        self.snapshot = snapshot  # final → the dashboard's view of the run (control/snapshot.py)
+        self.services = self.launcher = None
         self.train_busy_s = 0.0  # trainer seconds since the last pool-busy sample
         self.engine_stats: dict[str, dict] = {}
         self.service_s: Counter = Counter()
@@ -68,44 +77,47 @@ class Telemetry:
         self.tokens_trained = 0  # response tokens of every batch taken so far
         self.reward_totals: Counter = Counter()  # reward calls, throttles, cold starts, retries, errors since the run began
 
+    def attach(self, services, launcher) -> None:
+        self.services, self.launcher = services, launcher
+
     # -- background loops ---------------------------------------------------------------------------
     async def watchdog(self) -> None:
         """Report a run that makes no progress: what is in flight, where, and every coroutine's stack."""
-        run = self.run
-        limit = run.cfg.observe.watchdog_s
-        while not run.launcher.stopping:
+        status, launcher = self.status, self.launcher
+        limit = self.cfg.observe.watchdog_s
+        while not launcher.stopping:
             await asyncio.sleep(min(5.0, limit / 4))
-            idle = time.monotonic() - max(run.launcher.finished_at, run.progress_at)
+            idle = time.monotonic() - max(launcher.finished_at, status.progress_at)
             if idle <= limit:
                 continue
-            s = run.services
+            s = self.services
             where = Counter(s.poolmap.name(a) for a in s.em.where.values())
             msg = (
-                f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(run.in_flight())}, envs by worker {dict(where)}, "
-                f"suspended={s.proxy.suspended}, engines v{s.proxy.version}, policy v{run.published}, "
-                f"buffer ready {run.buffer.ready()}/{run.cfg.rollout.batch_groups}, open calls {s.d.open_calls()}"
+                f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(Counter(s.em.stage.values()))}, "
+                f"envs by worker {dict(where)}, suspended={s.proxy.suspended}, engines v{s.proxy.version}, policy v{status.published}, "
+                f"buffer ready {self.buffer.ready()}/{self.cfg.rollout.batch_groups}, open calls {s.d.open_calls()}"
             )
             console.print(f"[red]{msg}[/red]")
-            with (run.out / "watchdog.txt").open("a") as f:
+            with (self.out / "watchdog.txt").open("a") as f:
                 f.write(msg + "\n")
                 for task in asyncio.all_tasks():
                     f.write(f"--- {task.get_name()}\n")
                     task.print_stack(limit=8, file=f)
-            run.counts["watchdog_alerts"] += 1
-            run.progress_at = time.monotonic()
+            status.counts["watchdog_alerts"] += 1
+            status.progressed()
 
     async def feed(self) -> None:
         """The dashboard snapshot to the scheduler about once a second (control/snapshot.py)."""
-        while not self.run.launcher.stopping:
+        while not self.launcher.stopping:
             await self.publish()
             await asyncio.sleep(1.0)
 
     async def publish(self, final: bool = False) -> None:
         """One snapshot; a failure is counted, never raised (the page never stops a run)."""
         try:
-            await asyncio.wait_for(self.run.services.client.log_event(TOPIC, build_snapshot(self.run, final=final)), 10)
+            await asyncio.wait_for(self.services.client.log_event(TOPIC, self.snapshot(final)), 10)
         except Exception:
-            self.run.counts["dashboard_publish_failed"] += 1
+            self.status.counts["dashboard_publish_failed"] += 1
 
     # -- per step -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -115,7 +127,7 @@ class Telemetry:
 
     async def rollout_row(self, groups) -> dict:
         """What rollout did since the last step: pool busy fractions, tokens/s, reward service, call latencies."""
-        run, s = self.run, self.run.services
+        s = self.services
         now = time.monotonic()
         dt = now - self._t_prev
         self._busy_prev, busy = await self._pool_busy(self._busy_prev, dt)
@@ -123,19 +135,19 @@ class Telemetry:
         self.tokens_trained += tokens
         row = {"reward": s.rewards.step_stats(self._reward_stats, dt, self._reward_slots())}
         self.reward_totals.update({k: row["reward"].get(k, 0) for k in REWARD_TOTALS})
-        if run.cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
+        if self.cfg.rollout.pd:  # KV bytes shipped, prefill / decode engine seconds (totals so far)
             row["pd"] = pd_metrics(self.engine_stats)
         row.update(
             pool_busy=busy,
             tokens_per_s=tokens / max(dt, 1e-9),
-            elapsed_s=now - run.t_start,
-            buffer=dict(run.buffer.counts),
+            elapsed_s=now - self.status.t_start,
+            buffer=dict(self.buffer.counts),
             futures=s.d.futures,
             calls=s.d.calls,
             reissued=s.proxy.reissued,
-            mix=run.buffer.mix_at_take,
+            mix=self.buffer.mix_at_take,
             stage_latency=s.d.drain_stats(),
-            trajectory_s=run.launcher.drain_trajectory_s(),
+            trajectory_s=self.launcher.drain_trajectory_s(),
             service_s=dict(self.service_s),
             rollout_tokens=self.tokens(),
             generate_pools=s.proxy.landed_by_task(),
@@ -147,7 +159,7 @@ class Telemetry:
         """Response tokens since the run began: generated by the engines, trained, discarded (partials restarted after a
         Suspend), continued (partials a continuation went on from); wasted = not trained (restarted partials, aborted,
         evicted, redundant and failed trajectories, and what is still in flight) as a share of those generated."""
-        t = self.run.services.proxy.tokens
+        t = self.services.proxy.tokens
         gen = t["generated"]
         return {
             "generated": gen,
@@ -159,11 +171,11 @@ class Telemetry:
 
     async def _pool_busy(self, prev: dict | None, dt: float) -> tuple[dict, dict]:
         """Busy fraction per pool since the last call: service busy seconds / (wall × services in the pool)."""
-        run, s = self.run, self.run.services
+        s = self.services
         try:
             stats = await asyncio.wait_for(s.client.run(tasks.service_stats), 30)
         except (asyncio.TimeoutError, OSError):  # a busy or departing worker: skip this sample, never the run
-            run.counts["stats_timeouts"] += 1
+            self.status.counts["stats_timeouts"] += 1
             return prev or {}, {}
         busy: Counter = Counter()
         holders: Counter = Counter()
@@ -187,8 +199,8 @@ class Telemetry:
     def _reward_slots(self) -> int:
         """Local rewards scored at once: per REWARD worker, its task threads or the batches in flight to it,
         whichever is fewer (each batch is scored in turn); the utilisation divides by this capacity."""
-        run, s = self.run, self.run.services
-        if run.cfg.reward.mode != "local":
+        s, cfg = self.services, self.cfg
+        if cfg.reward.mode != "local":
             return len(self._reward_stats)
-        inflight = run.cfg.rollout.coalesce_inflight if run.cfg.rollout.coalesce else 10**9
+        inflight = cfg.rollout.coalesce_inflight if cfg.rollout.coalesce else 10**9
         return sum(min(s.poolmap.workers[a].get("nthreads", 1), inflight) for a in s.poolmap.members("REWARD")) or 1

@@ -217,7 +217,10 @@ def check(flow, overrides, scheduler):
 @click.option("--seed", default=0, show_default=True, help="seed of the fault schedule")
 @click.option("--out", default="runs/chaos", show_default=True, type=click.Path(file_okay=False), help="one folder per scenario under it")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a flow key in every scenario")
-def chaos(flow, scenario, steps, seed, out, overrides):
+@click.option(
+    "--own-clusters", is_flag=True, help="every scenario on its own embedded cluster (by default those that leave it as found share one)"
+)
+def chaos(flow, scenario, steps, seed, out, overrides, own_clusters):
     """Inject faults into real runs of FLOW on the embedded default and show that nothing is lost: per scenario, the
     faults, whether the run completed, samples lost, steps redone, slowdown against the fault-free run, leaks."""
     from rollart_dask.observe import console
@@ -234,7 +237,7 @@ def chaos(flow, scenario, steps, seed, out, overrides):
         raise click.ClickException("rollart chaos kills and adds workers of the embedded cluster: run it without cluster.scheduler")
     budget = tuple(b for b in TINY if not b.startswith("trainer.steps=")) + (f"trainer.steps={steps}",)
     out_dir = Path(out)
-    rows = run_suite(base, scenarios, out_dir, seed=seed, budget=budget, echo=console.print)
+    rows = run_suite(base, scenarios, out_dir, seed=seed, budget=budget, echo=console.print, share_cluster=not own_clusters)
     console.print(table(rows))
     (out_dir / "table.md").write_text(markdown(rows))
     console.print(f"results: {out_dir / 'results.json'}, {out_dir / 'table.md'}")

@@ -99,7 +99,7 @@ class Injector:
             await getattr(self, fault.action)(fault.target)
         except Exception as e:  # noqa: BLE001 - a fault that could not be injected is reported, never hidden
             self.errors.append(f"{fault.describe()}: {type(e).__name__}: {e}")
-        self.fired.append({"fault": fault, "what": fault.describe(), "at_step": steps, "at_s": round(t0 - self.run.t_start, 2)})
+        self.fired.append({"fault": fault, "what": fault.describe(), "at_step": steps, "at_s": round(t0 - self.run.status.t_start, 2)})
 
     async def stop(self) -> None:
         for task in [self._task, *self._later]:

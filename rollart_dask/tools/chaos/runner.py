@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -250,10 +251,39 @@ def _adam_steps(checkpoint: Path) -> int:
     return int(max(float(s["step"]) for s in state.values()))
 
 
+@contextmanager
+def shared_cluster(base: FlowConfig):
+    """One cluster of the flow's workers (plain TCP on its listen address) for every scenario that leaves it as found
+    (``Scenario.can_share_cluster``): its start-up paid once, not per scenario. Yields the scheduler's address."""
+    from distributed import Client, SpecCluster
+
+    from rollart_dask.resource.cluster import cluster_spec
+
+    spec = cluster_spec(base.cluster)
+    with SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], silence_logs=40, name="rollart-chaos") as cluster:
+        with Client(cluster) as client:
+            client.wait_for_workers(len(spec["workers"]), timeout=120)
+        yield cluster.scheduler_address
+
+
 def run_scenario(
-    base: FlowConfig, scenario: Scenario, out: Path, seed: int = 0, budget: tuple[str, ...] = TINY, limit_s: float = LIMIT_S
+    base: FlowConfig,
+    scenario: Scenario,
+    out: Path,
+    seed: int = 0,
+    budget: tuple[str, ...] = TINY,
+    limit_s: float = LIMIT_S,
+    scheduler: str | None = None,
 ) -> dict:
-    cfg = scenario_flow(base, scenario, budget)
+    """One scenario, a fresh run; on the cluster at ``scheduler`` (shared_cluster) when it leaves it as found, else on
+    its own embedded cluster."""
+    shared = bool(scheduler) and scenario.can_share_cluster
+    cfg = scenario_flow(base, scenario, (*budget, f"cluster.scheduler={scheduler}") if shared else budget)
+    if shared:  # a worker the last scenario restarted is back before this run counts the pools
+        from distributed import Client
+
+        with Client(scheduler) as client:
+            client.wait_for_workers(len(base.cluster.workers), timeout=120)
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (a run appends to an OUT's metrics)
     before = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     if any(f.action == "kill_process" for f in scenario.faults):
@@ -268,6 +298,7 @@ def run_scenario(
         emulated=scenario.emulated,
         steps_planned=cfg.trainer.steps,
         own_workload=scenario.own_workload,
+        shared_cluster=shared,
         leaked_envs=envs.get("open") if envs else None,
         leaked_processes=after["processes"] - before["processes"] + row.get("leftover_processes", 0),
         leaked_containers=None if before["containers"] is None else after["containers"] - before["containers"],

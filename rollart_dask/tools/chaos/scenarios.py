@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MOMENTS = ("rollout", "train", "update")
+# faults after which the cluster is as it was (a worker its Nanny restarted, a cut connection, the run's own endpoint or
+# trainer): such a scenario can run on a cluster kept for the next; losing or adding a worker, or killing the whole
+# run, changes or ends the cluster, and the mooncake_master it restarts is one the embedded default starts
+LEAVE_CLUSTER_AS_FOUND = {"restart_worker", "drop_scheduler", "kill_endpoint", "restart_endpoint", "fill_disk", "free_disk"}
 TRAINER = "the trainer's worker"  # a fault's target: whichever worker holds the trainer when it fires
 
 
@@ -50,6 +54,12 @@ class Scenario:
     extra_workers: tuple[str, ...] = field(default=())  # "name:POOL,POOL" added to the flow's cluster before the run
     min_steps: int = 0  # a run must outlast its faults (a worker that is added takes seconds to start)
     own_workload: bool = False  # another task than the flow's: its time is no slowdown against the baseline
+
+    @property
+    def can_share_cluster(self) -> bool:
+        """Whether this scenario can run on a cluster started once for several (it leaves it as it found it)."""
+        mooncake = "weights.store=mooncake" in self.overrides
+        return not self.extra_workers and not mooncake and all(f.action in LEAVE_CLUSTER_AS_FOUND for f in self.faults)
 
 
 ENV_FAULTS = ('tasks.0.inject={"seed": 7, "reset_fail": 0.10, "step_fail": 0.05, "hang_p": 0.01, "hang_s": 30}', "rollout.env_timeout_s=2")

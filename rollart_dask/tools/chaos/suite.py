@@ -1,15 +1,16 @@
 """The whole suite: the baseline first (each slowdown is against it), then every scenario, one fresh run
-each; results.json and the table (``rich`` for the terminal, Markdown for the README)."""
+each (on one cluster shared by the scenarios that leave it as found); results.json and the table (``rich`` for the terminal, Markdown for the README)."""
 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 from rich.table import Table
 
 from rollart_dask.config import FlowConfig
-from rollart_dask.tools.chaos.runner import TINY, run_scenario
+from rollart_dask.tools.chaos.runner import TINY, run_scenario, shared_cluster
 from rollart_dask.tools.chaos.scenarios import Scenario
 
 COLUMNS = (
@@ -24,15 +25,26 @@ COLUMNS = (
 
 
 def run_suite(
-    base: FlowConfig, scenarios: list[Scenario], out: Path, seed: int = 0, budget: tuple[str, ...] = TINY, echo=print
+    base: FlowConfig,
+    scenarios: list[Scenario],
+    out: Path,
+    seed: int = 0,
+    budget: tuple[str, ...] = TINY,
+    echo=print,
+    share_cluster: bool = True,
 ) -> list[dict]:
+    """Each scenario a fresh run; those that leave the cluster as found on one cluster started for them all (unless
+    ``share_cluster`` is False), the others each on its own embedded cluster."""
     rows = []
-    for i, scenario in enumerate(scenarios):
-        echo(f"chaos [{i + 1}/{len(scenarios)}] {scenario.name}: {scenario.description}")
-        row = run_scenario(base, scenario, out / scenario.name, seed=seed + i, budget=budget)
-        rows.append(row)
-        echo("  " + " | ".join(cells(row, rows[0])[1:]))
-        (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
+    sharing = share_cluster and any(s.can_share_cluster for s in scenarios)
+    with shared_cluster(base) if sharing else nullcontext() as scheduler:
+        for i, scenario in enumerate(scenarios):
+            where = "the shared cluster" if scheduler and scenario.can_share_cluster else "its own cluster"
+            echo(f"chaos [{i + 1}/{len(scenarios)}] {scenario.name} on {where}: {scenario.description}")
+            row = run_scenario(base, scenario, out / scenario.name, seed=seed + i, budget=budget, scheduler=scheduler)
+            rows.append(row)
+            echo("  " + " | ".join(cells(row, rows[0])[1:]))
+            (out / "results.json").write_text(json.dumps(rows, indent=2, default=str))
     return rows
 
 
