@@ -113,6 +113,7 @@ def test_a_trained_trajectorys_staleness_splits_into_its_time_in_flight_and_in_t
     assert lag["lag_in_flight_max"] == 2 and lag["lag_in_flight_p50"] == 0 and lag["lag_in_flight_p90"] == 2  # 0, 1, 0, 2
     assert lag["lag_in_queue_max"] == 2 and lag["lag_in_queue_p50"] == 1  # 2, 1, 1, 0
     assert lag["queue_s_max"] == 10.0 and lag["queue_s_p50"] == 1.0 and lag["queue_s_p90"] == 10.0  # 1, 10, 4, 0.5
+    assert lag["lag_hist"] == {"in_flight": {"0": 2, "1": 1, "2": 1}, "in_queue": {"0": 1, "1": 2, "2": 1}}  # for the page
     assert b.lag(3, [], now=100.0) == {}  # nothing trained: no figures rather than zeros
 
 

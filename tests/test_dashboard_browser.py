@@ -29,7 +29,7 @@ ARGS = [
 ]
 README_SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "dashboard.png"  # replaced only with ROLLART_UPDATE_SCREENSHOTS=1
 # data-* attributes of the page's header, one per panel: each must show data while the run goes on
-PANELS = ("inflight", "busy-points", "staleness", "syncs", "counts", "evals")
+PANELS = ("inflight", "busy-points", "staleness", "lag", "syncs", "counts", "evals")
 
 try:
     from playwright.sync_api import sync_playwright

@@ -29,6 +29,7 @@ def fake_run(n_steps=3, t_start=100.0):
                 "elapsed_s": 10.0 * i,
                 "pool_busy": {"H800": 0.5, "CPU": 0.25, "TRAIN": 0.9},
                 "staleness": {"0": 6, "1": 2},
+                "lag_hist": {"in_flight": {"0": 5, "1": 3}, "in_queue": {"0": 7, "1": 1}},  # (summing to the staleness)
                 "mix": {"launched": {"math": 0.5, "swe": 0.5}, "trained": {"math": 0.5 + 0.1 / i, "swe": 0.5 - 0.1 / i}},
             }
         )
@@ -106,6 +107,7 @@ def test_panels_plot_the_merged_state():
     busy = dict(zip(d["busy"]["name"], d["busy"]["ys"]))
     assert busy["TRAIN"] == [0.9, 0.9, 0.9] and d["busy"]["xs"][0] == [10.0, 20.0, 30.0]
     assert d["staleness"] == {"x": [0, 1], "n": [18, 6]}  # summed over the steps
+    assert d["lag"] == {"x": [0, 1], "in_flight": [15, 9], "in_queue": [21, 3]} and d["summary"]["lag"] == 24  # its two parts
     assert d["version"]["version"][:2] == [0, 1] and d["version"]["t"][0] == -5.0  # from the warm start's version
     assert d["suspend"]["x0"][1] == 11.0 and d["update"]["x0"][1] == 11.1 and d["resume"]["t"][1] == 11.4
     assert d["version"]["t"][-1] == 45.0 and d["version"]["version"][-1] == 3  # held until now

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from rollart_dask.entry.cli import main
 from rollart_dask.tools.report import build_report, default_out
-from rollart_dask.tools.report.figures import FIGURES, heldout, staleness_shares, train
+from rollart_dask.tools.report.figures import FIGURES, heldout, lag_totals, staleness_shares, train
 from rollart_dask.tools.report.runs import ReportError, load_runs
 
 T0 = 1_800_000_000.0
@@ -26,6 +26,7 @@ def step_row(n: int, success: float, stale: dict) -> dict:
         "success": success,
         "tasks": {"frozenlake": {"success": success}},
         "staleness": stale,
+        "lag_hist": {"in_flight": {"0": 6}, "in_queue": {"0": 2, "1": 2}},
         "reward": {
             "mode": "serverless",
             "calls": 8,
@@ -113,6 +114,16 @@ def test_staleness_shares_per_step():
     steps = [{"staleness": {"0": 6, "1": 2}}, {"staleness": {"0": 8}}, {}, {"staleness": {"2": 1, "0": 3}}]
     shares = staleness_shares(steps)
     assert shares == {0: [0.75, 1.0, 0.0, 0.75], 1: [0.25, 0.0, 0.0, 0.0], 2: [0.0, 0.0, 0.0, 0.25]}
+
+
+def test_lag_totals_sum_each_part_over_the_run():
+    steps = [
+        {"lag_hist": {"in_flight": {"0": 6, "1": 2}, "in_queue": {"1": 8}}},
+        {},
+        {"lag_hist": {"in_flight": {"1": 1}, "in_queue": {"0": 1}}},
+    ]
+    assert lag_totals(steps) == {"in_flight": {0: 6, 1: 3}, "in_queue": {0: 1, 1: 8}}
+    assert lag_totals([{}, {"staleness": {"0": 1}}]) == {}  # rows from before the split: no figure
 
 
 def test_a_run_still_writing_is_reported_and_a_missing_figure_is_named(tmp_path):

@@ -218,3 +218,66 @@ def test_with_lora_the_adapter_alone_crosses_the_store_and_the_engines_base_is_u
     assert after["base"] == before["base"] == trainer["base"]  # the base never moved, on either side
     full_bytes = sum(p.numel() * 4 for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(str(model_dir)).parameters())
     assert 0 < row["bytes"] < full_bytes / 2  # (r=4 on every projection of the test's 64-wide model)
+
+
+def _weights_digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
+    import hashlib
+
+    from rollart_dask.data import tasks
+
+    h = hashlib.sha256()
+    for k, v in sorted(tasks.service(name).model.state_dict().items()):
+        if not k.endswith("lm_head.weight"):  # tied to the embedding
+            h.update(k.encode() + v.detach().float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _forget_the_base(dask_worker=None):  # as an engine that lost the version it held would
+    from rollart_dask.data.weights import worker
+
+    worker._base.clear()
+
+
+@pytest.mark.parametrize("store", ["dask", pytest.param("mooncake", marks=needs_mooncake)])
+def test_with_weights_delta_engines_pull_each_versions_change_and_hold_the_trainers_weights_bit_for_bit(
+    store, address, tmp_path, model_dir, run_async
+):
+    from rollart_dask.data import plugins
+
+    over = {"weights.delta": True, "weights.store": store, "trainer.steps": 5, "weights.bucket_mb": 0.05}
+    if store == "dask":  # (a mooncake master the run starts is reached on this machine only: the embedded default)
+        over["cluster.scheduler"] = address
+    over.update({"weights.mooncake.segment_mb": 64, "weights.mooncake.buffer_mb": 32, "eval.seeds": 2})
+    cfg = load_flow(data=flow_dict(**over))
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            result = await run.run()
+            s, p = run.services, run.services.proxy
+            probe = lambda name, pool, at: run.d.submit_one("probe", _weights_digest, name, pool=pool, worker=at)  # noqa: E731
+            trainer = await probe(plugins.TRAINER, "TRAIN", s.trainer)
+            engines = {a: await probe(plugins.ENGINE, pool, a) for a, pool in p.pool_of.items()}
+            fallback = None
+            if store == "dask":  # (the run's own mooncake_master stopped with the run)
+                # an engine that no longer holds the version before: the delta cannot apply, it pulls the full version
+                await client.run(_forget_the_base, workers=list(p.pool_of))
+                s.weights.publish(run.published + 1, p.pool_of)
+                fallback = await s.weights.wait_staged()
+            return result, trainer, engines, fallback, dict(s.weights.counts)
+        finally:
+            await close(run, client, cluster)
+
+    result, trainer, engines, fallback, counts = run_async(go(), timeout=400)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    pulls = {r["weights"]["version"]: r["weights"] for r in rows if r.get("kind") == "step" and "weights" in r}
+    assert sorted(pulls) == [1, 2, 3, 4] and pulls[1]["engines_delta"] == 0  # v1: the first this trainer published, full
+    for v in (2, 3, 4):  # then each version as its change from the last, on every engine, smaller than the version
+        w = pulls[v]
+        assert w["engines_delta"] == w["engines"] >= 1 and 0 < w["delta_bytes"] < 0.8 * w["bytes"], w
+        assert w["bytes_moved"] == w["delta_bytes"] * w["engines"], w
+    assert result["last"]["version"] == 5 and set(engines.values()) == {trainer}  # rebuilt bit for bit at the last version
+    assert result["weights"]["delta_pulls"] == 4 / 5 and result["weights"]["delta_bytes"] < result["weights"]["bytes"]  # v2–v5
+    if fallback is not None:
+        assert counts["weights_delta_fallbacks"] == len(engines) and fallback["engines_delta"] == 0  # tried, then pulled in full
+        assert fallback["bytes_moved"] == fallback["bytes"] * len(engines)

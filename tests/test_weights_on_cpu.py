@@ -51,6 +51,30 @@ def test_a_corrupted_or_swapped_bucket_is_refused_with_its_version_and_index():
         verify(manifest, 0, blobs[2])  # another bucket's bytes
 
 
+def test_a_delta_rebuilds_the_next_version_bit_for_bit_smaller_than_it_and_only_from_its_own_base():
+    from rollart_dask.data.weights import delta
+
+    v1 = _state()
+    g = torch.Generator().manual_seed(1)
+    v2 = {k: v + 1e-4 * torch.sign(torch.randn(v.shape, generator=g)) for k, v in v1.items()}  # an Adam-sized step
+    (_, old), (m2, new) = publish_buckets(v1, 1, 300_000), publish_buckets(v2, 2, 300_000)
+    assert delta.lines_up(old, new)
+    deltas = [delta.encode(a, b) for a, b in zip(old, new)]
+    rebuilt = [delta.apply(a, d) for a, d in zip(old, deltas)]
+    assert rebuilt == new  # bit for bit: what a full pull would have installed
+    pulled = {}
+    for i, data in enumerate(rebuilt):
+        pulled.update(verify(m2, i, data))
+    assert all(torch.equal(pulled[k], v2[k]) for k in v2)
+    assert sum(map(len, deltas)) < 0.75 * sum(map(len, new))  # float32 XOR: the sign and exponent bytes compress away
+    assert len(delta.encode(new[0], new[0])) < len(new[0]) / 100  # an unchanged bucket costs next to nothing
+    _, v0 = publish_buckets({k: v * 2 for k, v in v1.items()}, 0, 300_000)
+    with pytest.raises(WeightsIntegrityError, match=r"v2 bucket 0"):  # applied to another version: refused by its checksum
+        verify(m2, 0, delta.apply(v0[0], deltas[0]))
+    with pytest.raises(delta.DeltaUnavailable, match="one size"):
+        delta.apply(old[0][:-4], deltas[0])
+
+
 def test_the_emulated_trainers_marker_is_published_labelled_as_pickle():
     manifest, blobs = publish_buckets({"emulated.version": 4}, 4, 1 << 20)
     assert manifest["buckets"][0]["format"] == "pickle"
@@ -68,6 +92,10 @@ def test_the_emulated_trainers_marker_is_published_labelled_as_pickle():
             "weights.mooncake.master is required with cluster.scheduler",
         ),
         ({"weights.keep_versions": 1}, "weights.keep_versions"),
+        (
+            {"weights.delta": True, "engine.backend": "emulated", "trainer.backend": "emulated"},
+            "weights.delta with trainer.backend=emulated: the emulated trainer publishes version markers",
+        ),
     ],
 )
 def test_weights_config_errors_name_the_key_and_what_is_allowed(over, needle):

@@ -599,6 +599,12 @@ class WeightsConfig(Strict):
         "they pull it in the Update phase with generation suspended (the synchronous "
         "baseline of the paper's Fig. 11b)",
     )
+    delta: bool = Field(
+        False,
+        description="publish each version also as its change from the previous one (per bucket the XOR of the bytes, "
+        "zstd-compressed, beside the full bucket's sha256); an engine holding the previous version applies it and checks "
+        "the result, any other pulls the full version",
+    )
     mooncake: MooncakeConfig = Field(default_factory=MooncakeConfig)
 
     @model_validator(mode="after")
@@ -890,6 +896,15 @@ class FlowConfig(Strict):
                         f"{key}: pool {pool} has no engine worker in cluster.workers (engine workers are those "
                         f"of pool H800 or H20 that are not TRAIN or REWARD workers)"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _delta_has_weights(self):
+        if self.weights.delta and self.trainer.backend == "emulated":
+            raise ValueError(
+                "weights.delta with trainer.backend=emulated: the emulated trainer publishes version markers, not weights, "
+                "so there is no change to send (weights.delta needs trainer.backend torch or megatron)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -220,7 +220,8 @@ class SampleBuffer:
     def lag(policy_version: int, groups: list[Group], now: float) -> dict:
         """Each trained trajectory's staleness (trainer version at Train − start version) split in two: in flight (the
         versions the engines installed while it ran) and in the queue (from its finish to the Train that uses it), in
-        versions, and the queue's wait in seconds: p50, p90 and max over the batch."""
+        versions, and the queue's wait in seconds: p50, p90 and max over the batch; ``lag_hist``: both parts'
+        histograms (versions → trajectories), for the page."""
         kept = [t for g in groups for t in g.kept if t.finished_version is not None]
         if not kept:
             return {}
@@ -229,7 +230,11 @@ class SampleBuffer:
             "lag_in_queue": [policy_version - t.finished_version for t in kept],
             "queue_s": [now - t.finished_at for t in kept if t.finished_at is not None],
         }
-        return {f"{name}_{q}": v for name, values in parts.items() if values for q, v in _quantiles(values).items()}
+        out = {f"{name}_{q}": v for name, values in parts.items() if values for q, v in _quantiles(values).items()}
+        out["lag_hist"] = {
+            part: {str(k): n for k, n in sorted(Counter(parts[f"lag_{part}"]).items())} for part in ("in_flight", "in_queue")
+        }
+        return out
 
     # -- internals ------------------------------------------------------------------------
     def _new_member(self, g: Group) -> tuple[str, str]:

@@ -15,6 +15,7 @@ from rollart_dask.algo.heldout import is_complete
 
 TOPIC = "rollart"  # the scheduler event topic the dashboard page and notebooks read
 TAIL = 32
+LAG_PARTS = ("in_flight", "in_queue")  # a trained trajectory's staleness = versions in flight + versions in the queue
 COUNTS = ("aborted_stale", "evicted_stale", "redundant_dropped", "failed", "relaunched", "groups_dropped", "finished")
 
 
@@ -28,6 +29,12 @@ def _mix_gap(mix: dict | None) -> dict:
         return {}
     launched, trained = mix.get("launched", {}), mix.get("trained", {})
     return {t: _r(100 * (trained.get(t, 0.0) - launched.get(t, 0.0)), 2) for t in sorted(set(launched) | set(trained))}
+
+
+def _by_version(hist: dict) -> list[int]:
+    """{"0": 5, "2": 1} → [5, 0, 1]: a histogram over versions as a list (each message stays small)."""
+    counts = {int(k): int(v) for k, v in hist.items()}
+    return [counts.get(x, 0) for x in range(max(counts, default=-1) + 1)]
 
 
 def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
@@ -61,6 +68,8 @@ def build_snapshot(run, now: float | None = None, final: bool = False) -> dict:
                 "t": _r(r.get("elapsed_s", 0.0), 2),
                 "busy": {p: _r(v) for p, v in (r.get("pool_busy") or {}).items()},
                 "staleness": {str(k): int(v) for k, v in (r.get("staleness") or {}).items()},
+                # its two parts (control/buffer.py: SampleBuffer.lag): [in flight, in the queue], each counts by versions 0, 1, …
+                "lag": [_by_version((r.get("lag_hist") or {}).get(part) or {}) for part in LAG_PARTS],
                 "mix": _mix_gap(r.get("mix")),
             }
             for r in steps

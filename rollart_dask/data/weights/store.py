@@ -27,6 +27,8 @@ from pathlib import Path
 
 from rollart_dask.config import WeightsConfig
 from rollart_dask.data.weights import worker
+from rollart_dask.data.weights.buckets import WeightsIntegrityError
+from rollart_dask.data.weights.delta import DeltaUnavailable
 from rollart_dask.data.weights.mooncake import LocalMaster, close_clients
 
 
@@ -43,7 +45,10 @@ class WeightStore:
         self._closed = False
         self.transfers: list[dict] = []  # one per staged version (metrics rows and the run summary)
         self.prefix = f"rollart/{uuid.uuid4().hex[:12]}"  # keys of this run, should the master be shared
-        self._kept: dict[int, tuple] = {}  # the last two versions' (publish future, buckets future | None): what a joining engine stages
+        # the last two versions' (publish future, buckets future | None, deltas future | None): what a joining engine stages
+        self._kept: dict[int, tuple] = {}
+        self._trainer_base: int | None = None  # weights.delta: the version the trainer published last (its next is diffed to it)
+        self._engine_base: dict[str, int] = {}  # weights.delta: engine → the version it staged last (a delta applies to it)
         self.lost: set[str] = set()  # engines that left: a stage of theirs that fails is not the transfer's failure
         self._in_flight: dict = {}  # engine → its stage task of the version being pulled
         self._joining: dict = {}  # engine → its stage task while it joins (control/elastic.py)
@@ -67,6 +72,7 @@ class WeightStore:
             "keep_versions": self.cfg.keep_versions,
             "prefix": self.prefix,
             "pull": self.cfg.pull,
+            "delta": self.cfg.delta,
         }
         if self.kind == "mooncake":
             mc = self.cfg.mooncake
@@ -93,11 +99,17 @@ class WeightStore:
         published = self.publishing = self.d.submit_one(
             "publish-weights", worker.trainer_publish, version, spec, after, pool="TRAIN", worker=self.trainer
         )
-        buckets = None
+        buckets = deltas = None
+        with_delta = self.cfg.delta and self._trainer_base == version - 1  # (worker._diff decides the same on the trainer)
         if self.kind == "dask":  # the buckets as one Dask result on the trainer; each engine's task fetches it peer-to-peer
             buckets = self.d.submit_one("weights-bucket", worker.trainer_buckets, version, published, pool="TRAIN", worker=self.trainer)
+            if with_delta:
+                deltas = self.d.submit_one(
+                    "weights-delta", worker.trainer_delta_buckets, version, published, pool="TRAIN", worker=self.trainer
+                )
+        self._trainer_base = version
         self._kept = {v: k for v, k in self._kept.items() if v >= version - 1}
-        self._kept[version] = (published, buckets)
+        self._kept[version] = (published, buckets, deltas if self.kind == "dask" else with_delta)
         # read as soon as the publish ends, not when its staging starts (pulled at Update, that waits for the next
         # step): a trainer lost in between is compared with what it published
         asyncio.ensure_future(self._record_digest(version, published))
@@ -118,11 +130,15 @@ class WeightStore:
         else:
             stage()
 
-    def _stage(self, version: int, address: str, pool: str, spec: dict):
-        published, buckets = self._kept[version]
+    def _stage(self, version: int, address: str, pool: str, spec: dict, full: bool = False):
+        """The stage task of ``version`` on one engine: its delta when the engine staged the version before it (and
+        one was published), else the full version."""
+        published, buckets, deltas = self._kept[version]
+        use_delta = not full and bool(deltas) and self._engine_base.get(address) == version - 1
         if self.kind == "dask":
-            return self.d.submit_one("stage-weights", worker.engine_stage_dask, published, buckets, spec, pool=pool, worker=address)
-        return self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, pool=pool, worker=address)
+            fn, data = (worker.engine_stage_dask_delta, deltas) if use_delta else (worker.engine_stage_dask, buckets)
+            return self.d.submit_one("stage-weights", fn, published, data, spec, pool=pool, worker=address)
+        return self.d.submit_one("stage-weights", worker.engine_stage_mooncake, published, spec, use_delta, pool=pool, worker=address)
 
     def stage_on(self, address: str, pool: str, version: int, engine_pools: list[str]):
         """Stage ``version`` (one of the last two published) on one engine, e.g. one that joined; its Dask future.
@@ -136,6 +152,7 @@ class WeightStore:
         """A stage task pinned to a departed engine would wait for it for ever (Dask keeps it, no worker can run it):
         cancelled, it ends the wait, and the transfer goes on without that engine."""
         self.lost.add(address)
+        self._engine_base.pop(address, None)
         for staging in (self._in_flight, self._joining):
             fut = staging.pop(address, None)
             if fut is not None and not fut.done():
@@ -145,11 +162,12 @@ class WeightStore:
         """The trainer's worker is gone, and what it published with it (Dask cannot recompute a publish): the stages in
         flight are cancelled, and a wait for the transfer waits for the re-created trainer's publish instead
         (control/recovery.py publishes the same version again)."""
-        published = [f for kept in self._kept.values() for f in kept if f is not None]  # pinned to the lost worker: never done
+        published = [f for kept in self._kept.values() for f in kept if hasattr(f, "done")]  # pinned to the lost worker: never done
         for fut in [*self._in_flight.values(), *self._joining.values(), *published]:
             if not fut.done():
                 asyncio.ensure_future(self.d.client.cancel([fut]))
         self._in_flight, self._joining, self._kept, self._deferred = {}, {}, {}, None
+        self._trainer_base = None  # the re-created trainer has no version to diff against: its first publish is full
         old, self._replacing = self._staging, asyncio.get_running_loop().create_future()
         self._staging = self._replacing
         if old is not None and not old.done():
@@ -176,6 +194,9 @@ class WeightStore:
             "store": self.kind,
             "version": version,
             "bytes": manifest["bytes"],
+            "delta_bytes": (manifest.get("delta") or {}).get("bytes"),  # (weights.delta: what an engine at version − 1 pulls)
+            "engines_delta": sum(bool(r.get("delta")) for r in rows),
+            "bytes_moved": sum(r.get("bytes", manifest["bytes"]) for r in rows),
             "adapter": manifest.get("adapter", False),
             "buckets": len(manifest["buckets"]),
             "engines": len(rows),
@@ -194,6 +215,16 @@ class WeightStore:
             addresses = list(staged)
             results = await asyncio.gather(*(staged[a] for a in addresses), return_exceptions=True)
             failed = {a: r for a, r in zip(addresses, results) if isinstance(r, BaseException) and a not in self.lost}
+            for a, r in zip(addresses, results):
+                if not isinstance(r, BaseException):
+                    self._engine_base[a] = version
+            undeltable = [a for a, e in failed.items() if isinstance(e, (DeltaUnavailable, WeightsIntegrityError)) and spec["delta"]]
+            if undeltable and attempt < tries:  # a delta that could not be applied, or rebuilt wrong: the full version instead
+                self.counts["weights_delta_fallbacks"] += len(undeltable)
+                for a in undeltable:
+                    self._engine_base.pop(a, None)
+                    staged[a] = self._restage(version, a, engines[a], spec, staged[a])
+                continue
             if not failed:
                 return results
             error = next(iter(failed.values()))
@@ -202,10 +233,14 @@ class WeightStore:
             await self.d.submit_one("republish-weights", worker.trainer_put_again, version, spec, pool="TRAIN", worker=self.trainer)
             self.counts["weights_put_again"] += 1
             for a in failed:
-                fut = self._stage(version, a, engines[a], spec)
-                if self._in_flight.get(a) is staged[a]:  # (what engine_lost cancels)
-                    self._in_flight[a] = fut
-                staged[a] = fut
+                staged[a] = self._restage(version, a, engines[a], spec, staged[a])
+
+    def _restage(self, version: int, address: str, pool: str, spec: dict, previous):
+        """The full version staged again on one engine, in place of its ``previous`` stage task."""
+        fut = self._stage(version, address, pool, spec, full=True)
+        if self._in_flight.get(address) is previous:  # (what engine_lost cancels)
+            self._in_flight[address] = fut
+        return fut
 
     async def wait_staged(self) -> dict:
         """Before Update: wait for the rest of the pull (``waited_s``; rollout and training go on meanwhile); its transfer record.
@@ -261,6 +296,19 @@ class WeightStore:
             "transfer_s": transfer,
             "waited_s": waited,
             "hidden_fraction": max(0.0, 1 - waited / transfer) if transfer > 0 else 0.0,
+            **self._delta_summary(rows),
+        }
+
+    def _delta_summary(self, rows: list[dict]) -> dict:
+        """weights.delta: the mean delta of a version against its full bytes, and the share of engine pulls that were deltas."""
+        if not self.cfg.delta:
+            return {}
+        deltas = [r["delta_bytes"] for r in rows if r.get("delta_bytes")]
+        pulls = sum(r["engines"] for r in rows)
+        return {
+            "delta_bytes": sum(deltas) / len(deltas) if deltas else None,
+            "delta_pulls": sum(r["engines_delta"] for r in rows) / pulls if pulls else 0.0,
+            "bytes_moved": sum(r["bytes_moved"] for r in rows),
         }
 
     async def close(self) -> None:

@@ -39,6 +39,7 @@ def rollart_doc(scheduler, extra, doc):
     from bokeh.layouts import column, gridplot
     from bokeh.models import ColumnDataSource, Div, FactorRange, Range1d
     from bokeh.plotting import figure
+    from bokeh.transform import dodge
 
     data = panel_data(None)
     src = {k: ColumnDataSource(v) for k, v in data.items() if k != "summary"}
@@ -58,6 +59,13 @@ def rollart_doc(scheduler, extra, doc):
     stale.vbar(x="x", top="n", width=0.8, source=src["staleness"], color="#9467bd")
     stale.y_range.start = 0
     stale.xaxis.ticker.min_interval = 1
+
+    lag = figure(title="Its two parts: versions in flight · in the queue (first token → finish → Train)", x_axis_label="versions", **kw)
+    lag.vbar(x=dodge("x", -0.2), top="in_flight", width=0.4, source=src["lag"], color="#17becf", legend_label="in flight")
+    lag.vbar(x=dodge("x", 0.2), top="in_queue", width=0.4, source=src["lag"], color="#bcbd22", legend_label="in the queue")
+    lag.y_range.start = 0
+    lag.xaxis.ticker.min_interval = 1
+    lag.legend.location = "top_right"
 
     version = figure(title="Policy version of the engines: Suspend · Update · Resume", x_axis_label="run time (s)", **kw)
     version.step(x="t", y="version", mode="after", source=src["version"], line_width=2, color="#333333")
@@ -99,7 +107,7 @@ def rollart_doc(scheduler, extra, doc):
     doc.add_root(
         column(
             header,
-            gridplot([[inflight, busy], [stale, version], [counts, scores], [mix, None]], sizing_mode="stretch_width"),
+            gridplot([[inflight, busy], [stale, lag], [version, counts], [scores, mix]], sizing_mode="stretch_width"),
             sizing_mode="stretch_width",
         )
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rollart_dask.control.snapshot import COUNTS
+from rollart_dask.control.snapshot import COUNTS, LAG_PARTS
 
 STAGES = ("env-wait", "env-reset", "barrier", "generate", "env-step", "reward")  # EnvManager.stage values, in trajectory order
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -55,6 +55,11 @@ def panel_data(state) -> dict:
     for s in steps:
         stale.update({int(k): v for k, v in s["staleness"].items()})
     stale_x = list(range(max(stale, default=-1) + 1))
+    lag = {part: Counter() for part in LAG_PARTS}  # the staleness's two parts: in flight, in the queue
+    for s in steps:
+        for part, hist in zip(LAG_PARTS, s.get("lag") or []):
+            lag[part].update(dict(enumerate(hist)))  # (counts by versions 0, 1, …)
+    lag_x = list(range(max((max(c, default=-1) for c in lag.values()), default=-1) + 1))
 
     # Policy version over time: it changes when Resume lets the engines run the new weights.
     version = {"t": [min(0.0, syncs[0]["t"]) if syncs else 0.0], "version": [syncs[0]["from"] if syncs else latest.get("version", 0)]}
@@ -95,6 +100,7 @@ def panel_data(state) -> dict:
         "inflight": sum(inflight.values()),
         "busy_points": sum(len(xs) for xs, _ in busy.values()),
         "staleness": sum(stale.values()),
+        "lag": sum(lag["in_flight"].values()),
         "syncs": len(syncs),
         "evals": len(evals),
         "counts": sum(counts.get(k, 0) for k in what),
@@ -107,6 +113,7 @@ def panel_data(state) -> dict:
         "busy": busy_lines,
         "busy_points": _points(busy_lines),
         "staleness": {"x": stale_x, "n": [stale.get(x, 0) for x in stale_x]},
+        "lag": {"x": lag_x, **{part: [lag[part].get(x, 0) for x in lag_x] for part in LAG_PARTS}},
         "version": version,
         "suspend": suspend,
         "update": update,

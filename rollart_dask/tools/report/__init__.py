@@ -27,6 +27,8 @@ CAPTIONS = {  # what each figure reads from (the metrics.jsonl keys), so a reade
     "train.png": "step rows: reward_mean and success of the trained batch.",
     "policy.png": "step rows: entropy, approx_kl (to the behaviour policy), clip_frac of the update.",
     "staleness.png": "step rows: staleness histogram of the trained trajectories (versions behind the trainer).",
+    "lag.png": "step rows: lag_hist — each trained trajectory's staleness split into the versions installed while it ran (in flight) "
+    "and those published between its finish and its Train (in the queue), summed over the run; p50/p90/max per step are lag_in_*_p*.",
     "dropped.png": "step rows: the buffer's cumulative counts of aborted, dropped (staleness), failed and filtered work; reissued calls.",
     "phases.png": "step rows: get_batch, suspend, update, recompute_kv, train and wait_train seconds of each step.",
     "pools.png": "step rows: pool_busy — the fraction of each pool's slots busy during the step.",

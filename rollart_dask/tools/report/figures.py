@@ -8,6 +8,7 @@ state, no display needed).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from matplotlib.figure import Figure
@@ -170,7 +171,9 @@ def rewards(runs: list[RunData]) -> Figure | None:
     )
 
 
-def _per_run(runs: list[RunData], title: str, ylabel: str, draw: Callable, omit_if_empty: bool = True) -> Figure | None:
+def _per_run(
+    runs: list[RunData], title: str, ylabel: str, draw: Callable, omit_if_empty: bool = True, xlabel: str = "step"
+) -> Figure | None:
     """One panel per run (``draw(ax, run)`` returns False when the run has nothing to draw), shared y axis. With
     ``omit_if_empty`` False, a figure no run has anything for is still drawn ("none recorded" is the news: nothing lost)."""
     drawn = [r for r in runs if r.steps]
@@ -184,7 +187,7 @@ def _per_run(runs: list[RunData], title: str, ylabel: str, draw: Callable, omit_
         if not ok:
             ax.text(0.5, 0.5, "none recorded", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(run.label, fontsize=9)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         _legend(ax)
     return fig if any_drawn or not omit_if_empty else None
@@ -233,6 +236,28 @@ def staleness(runs: list[RunData]) -> Figure | None:
     return _per_run(runs, "staleness of the trained trajectories (share per step)", "share", draw)
 
 
+def lag_totals(steps: list[dict]) -> dict[str, dict[int, int]]:
+    """The trained trajectories of the whole run by versions in flight and by versions in the queue (the step rows'
+    ``lag_hist``: the two parts of each one's staleness); {} for rows without them."""
+    totals: dict[str, Counter] = {}
+    for s in steps:
+        for part, hist in (s.get("lag_hist") or {}).items():
+            totals.setdefault(part, Counter()).update({int(k): v for k, v in hist.items()})
+    return {part: dict(sorted(c.items())) for part, c in totals.items()}
+
+
+def lag(runs: list[RunData]) -> Figure | None:
+    def draw(ax, run):
+        totals = lag_totals(run.steps)
+        for shift, (part, label) in zip((-0.2, 0.2), (("in_flight", "in flight"), ("in_queue", "in the queue"))):
+            hist = totals.get(part, {})
+            ax.bar([v + shift for v in hist], list(hist.values()), width=0.4, label=label)
+        return bool(totals)
+
+    title = "the staleness's two parts: versions in flight and in the queue (whole run)"
+    return _per_run(runs, title, "trajectories", draw, xlabel="versions")
+
+
 def pools(runs: list[RunData]) -> Figure | None:
     def draw(ax, run):
         names = sorted({p for s in run.steps for p in s.get("pool_busy", {})})
@@ -267,6 +292,7 @@ FIGURES: list[tuple[str, str, Callable]] = [  # (file, heading, figure)
     ("train.png", "Training reward and success", train),
     ("policy.png", "Entropy, KL, clip fraction", policy),
     ("staleness.png", "Staleness over time", staleness),
+    ("lag.png", "Staleness in flight and in the queue", lag),
     ("dropped.png", "Aborted, dropped, failed", dropped),
     ("phases.png", "Step phases", phases),
     ("pools.png", "Pool busy fractions", pools),
