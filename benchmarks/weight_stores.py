@@ -15,6 +15,7 @@ mooncake / dask and full / lora.
     python benchmarks/weight_stores.py                                               # stores, ~6 min on 2 cores
     python benchmarks/weight_stores.py --models tiny,smollm2 --weights full,lora     # LoRA vs full, ~15 min
     python benchmarks/weight_stores.py --steps 3 --models tiny                       # a quick look
+    python benchmarks/weight_stores.py --models tiny,smollm2 --weights full,lora --stores dask --sync full,delta   # weights.delta
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ MODELS = {
     ],
 }
 WEIGHTS = {"full": [], "lora": ["trainer.lora.r=8"]}
+SYNC = {"full": [], "delta": ["weights.delta=true"]}  # every version whole, or its change from the last (weights.delta)
 COLUMNS = (
     ("MiB/version", "bytes", lambda v: f"{v / 2**20:.1f}"),
+    ("MiB moved/engine", "moved", lambda v: f"{v / 2**20:.2f}"),
+    ("delta pulls", "delta_share", "{:.0%}".format),
     ("buckets", "buckets", str),
     ("engines", "engines", str),
     ("publish s", "publish_s", "{:.3f}".format),
     ("pull s", "pull_s", "{:.3f}".format),
-    ("transfer s", "transfer_s", "{:.3f}".format),
+    ("transfer s", "transfer_after_first", "{:.3f}".format),
     ("loop waited s", "waited_s", "{:.3f}".format),
     ("hidden", "hidden_fraction", "{:.0%}".format),
     ("swap s (rollout suspended)", "swap_s", "{:.3f}".format),
@@ -71,19 +75,28 @@ def _names(value: str, allowed) -> list[str]:
 @click.option("--models", default="larger", show_default=True, help=f"comma-separated, of {', '.join(MODELS)}")
 @click.option("--weights", "weights", default="full", show_default=True, help="comma-separated, of full, lora")
 @click.option("--stores", default="dask,mooncake", show_default=True, help="comma-separated, of dask, mooncake")
+@click.option("--sync", default="full", show_default=True, help="comma-separated, of full, delta (weights.delta)")
 @click.option("--out", default="runs/bench-weight-stores", show_default=True)
 @click.option("--set", "overrides", multiple=True, help="flow overrides after the benchmark's own (key=value)")
-def main(flow, steps, models, weights, stores, out, overrides):
-    runs = [(m, w, s) for m in _names(models, MODELS) for w in _names(weights, WEIGHTS) for s in _names(stores, ("dask", "mooncake"))]
+def main(flow, steps, models, weights, stores, sync, out, overrides):
+    syncs = _names(sync, SYNC)
+    runs = [
+        (m, w, s, y)
+        for m in _names(models, MODELS)
+        for w in _names(weights, WEIGHTS)
+        for s in _names(stores, ("dask", "mooncake"))
+        for y in syncs
+    ]
     results = {}
-    for model, kind, store in runs:
-        name = f"{model}/{kind}/{store}"
+    for model, kind, store, how in runs:
+        name = f"{model}/{kind}/{store}" + (f"/{how}" if len(syncs) > 1 else "")
         cfg = load_flow(
             flow,
             [
                 *EVERY_ENGINE,
                 *MODELS[model],
                 *WEIGHTS[kind],
+                *SYNC[how],
                 f"weights.store={store}",
                 f"trainer.steps={steps}",
                 "trainer.max_minutes=null",
@@ -94,13 +107,17 @@ def main(flow, steps, models, weights, stores, out, overrides):
             ],
         )
         console.print(f"[bold]{name}[/bold]: {steps} steps of {flow}")
-        run_dir = Path(out) / model / kind / store
+        run_dir = Path(out) / model / kind / store / how
         shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl appends: one run per directory
         res = run_sync(cfg, run_dir)
-        swaps = [r["update_s"] for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["kind"] == "step" and "weights" in r][1:]
+        rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["kind"] == "step" and "weights" in r][1:]
+        mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731 - over the updates after the first (a delta needs one before)
         results[name] = {
             **res["weights"],
-            "swap_s": sum(swaps) / max(len(swaps), 1),
+            "moved": mean([r["weights"]["bytes_moved"] / max(r["weights"]["engines"], 1) for r in rows]),
+            "delta_share": mean([r["weights"]["engines_delta"] / max(r["weights"]["engines"], 1) for r in rows]),
+            "transfer_after_first": mean([r["weights"]["transfer_s"] for r in rows]),
+            "swap_s": mean([r["update_s"] for r in rows]),
             "steps": res["steps"],
             "s_per_step": res["elapsed_s"] / max(res["steps"], 1),
         }
@@ -112,9 +129,21 @@ def main(flow, steps, models, weights, stores, out, overrides):
     for title, *_ in COLUMNS:
         table.add_column(title, justify="right")
     for name, r in results.items():
-        table.add_row(name, *(fmt(r[key]) for _, key, fmt in COLUMNS))
+        table.add_row(name, *(fmt(r[key]) if r.get(key) is not None else "–" for _, key, fmt in COLUMNS))
     Console(width=190).print(table)  # all columns, in a log file too
-    for model, kind, store in runs:  # the ratios of each pair the runs hold (both stores verify every bucket's sha256)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "summary.json").write_text(json.dumps(results, indent=2))
+    if len(syncs) > 1:  # delta against full, per model / weights / store
+        for model, kind, store, how in runs:
+            if how == "delta":
+                d, f = results[f"{model}/{kind}/{store}/delta"], results[f"{model}/{kind}/{store}/full"]
+                console.print(
+                    f"{model}/{kind}/{store}: delta / full — bytes moved per engine {d['moved'] / f['moved']:.2f}×, transfer "
+                    f"{d['transfer_after_first'] / f['transfer_after_first']:.2f}×, publish {d['publish_s'] / f['publish_s']:.2f}×, "
+                    f"s/step {d['s_per_step'] / f['s_per_step']:.2f}×"
+                )
+        return
+    for model, kind, store, _ in runs:  # the ratios of each pair the runs hold (both stores verify every bucket's sha256)
         r = results[f"{model}/{kind}/{store}"]
         other = results.get(f"{model}/{kind}/mooncake") if store == "dask" else None
         if other:
@@ -129,8 +158,6 @@ def main(flow, steps, models, weights, stores, out, overrides):
                 f"{r['publish_s'] / adapter['publish_s']:.1f}×, transfer {r['transfer_s'] / adapter['transfer_s']:.1f}×, "
                 f"swap {r['swap_s'] / max(adapter['swap_s'], 1e-9):.1f}×, s/step {r['s_per_step'] / adapter['s_per_step']:.2f}×"
             )
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "summary.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -214,10 +214,15 @@ class EmbeddedCluster(SpecCluster):
         return link
 
 
-async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.ERROR) -> SpecCluster:
-    # Workers' INFO chatter (every client.run, every start/close) drowns a run's output.
+def quiet_worker_logs() -> None:
+    """Workers' INFO chatter (every client.run, every plugin start and close) drowns a run's output: errors only,
+    unless DASK_LOGGING__DISTRIBUTED says otherwise (workers started after this inherit it)."""
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
     dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]})
+
+
+async def start_local_cluster(cfg: ClusterConfig, silence_logs=logging.ERROR) -> SpecCluster:
+    quiet_worker_logs()
     spec = cluster_spec(cfg, embedded_security(cfg))
     # Every Nanny is a Server in the client's process, each sampling the machine with psutil twice a second for
     # nothing it shows (a few % of the client's core): once every 10 s there.

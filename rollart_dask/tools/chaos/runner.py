@@ -257,8 +257,9 @@ def shared_cluster(base: FlowConfig):
     (``Scenario.can_share_cluster``): its start-up paid once, not per scenario. Yields the scheduler's address."""
     from distributed import Client, SpecCluster
 
-    from rollart_dask.resource.cluster import cluster_spec
+    from rollart_dask.resource.cluster import cluster_spec, quiet_worker_logs
 
+    quiet_worker_logs()
     spec = cluster_spec(base.cluster)
     with SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], silence_logs=40, name="rollart-chaos") as cluster:
         with Client(cluster) as client:
