@@ -53,7 +53,7 @@ COLUMNS = (
     ("engines", "engines", str),
     ("publish s", "publish_s", "{:.3f}".format),
     ("pull s", "pull_s", "{:.3f}".format),
-    ("transfer s", "transfer_after_first", "{:.3f}".format),
+    ("transfer s", "transfer_s", "{:.3f}".format),
     ("loop waited s", "waited_s", "{:.3f}".format),
     ("hidden", "hidden_fraction", "{:.0%}".format),
     ("swap s (rollout suspended)", "swap_s", "{:.3f}".format),
@@ -112,11 +112,13 @@ def main(flow, steps, models, weights, stores, sync, out, overrides):
         res = run_sync(cfg, run_dir)
         rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").open()) if r["kind"] == "step" and "weights" in r][1:]
         mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731 - over the updates after the first (a delta needs one before)
+        per = {k: mean([r["weights"][k] for r in rows]) for k in ("publish_s", "pull_s", "transfer_s", "waited_s")}
         results[name] = {
             **res["weights"],
+            **per,
+            "hidden_fraction": max(0.0, 1 - per["waited_s"] / per["transfer_s"]) if per["transfer_s"] > 0 else 0.0,
             "moved": mean([r["weights"]["bytes_moved"] / max(r["weights"]["engines"], 1) for r in rows]),
             "delta_share": mean([r["weights"]["engines_delta"] / max(r["weights"]["engines"], 1) for r in rows]),
-            "transfer_after_first": mean([r["weights"]["transfer_s"] for r in rows]),
             "swap_s": mean([r["update_s"] for r in rows]),
             "steps": res["steps"],
             "s_per_step": res["elapsed_s"] / max(res["steps"], 1),
@@ -139,7 +141,7 @@ def main(flow, steps, models, weights, stores, sync, out, overrides):
                 d, f = results[f"{model}/{kind}/{store}/delta"], results[f"{model}/{kind}/{store}/full"]
                 console.print(
                     f"{model}/{kind}/{store}: delta / full — bytes moved per engine {d['moved'] / f['moved']:.2f}×, transfer "
-                    f"{d['transfer_after_first'] / f['transfer_after_first']:.2f}×, publish {d['publish_s'] / f['publish_s']:.2f}×, "
+                    f"{d['transfer_s'] / f['transfer_s']:.2f}×, publish {d['publish_s'] / f['publish_s']:.2f}×, "
                     f"s/step {d['s_per_step'] / f['s_per_step']:.2f}×"
                 )
         return

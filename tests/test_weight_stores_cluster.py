@@ -281,3 +281,51 @@ def test_with_weights_delta_engines_pull_each_versions_change_and_hold_the_train
     if fallback is not None:
         assert counts["weights_delta_fallbacks"] == len(engines) and fallback["engines_delta"] == 0  # tried, then pulled in full
         assert fallback["bytes_moved"] == fallback["bytes"] * len(engines)
+
+
+def _nudge_the_trainer(seed: int):  # (a task on the trainer's worker) an optimizer-sized step on every weight, seeded
+    import torch
+
+    from rollart_dask.data import plugins, tasks
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in tasks.service(plugins.TRAINER).model.parameters():
+            p.add_(1e-3 * torch.sign(torch.randn(p.shape, generator=g)))
+
+
+def test_fifty_versions_by_delta_are_bit_equal_to_the_same_versions_pulled_in_full(address, tmp_path, model_dir, run_async):
+    """Two engines take each of 50 versions, one by its delta, the other in full (it forgets the version it held
+    before each): at every version both hold the trainer's weights bit for bit."""
+    from rollart_dask.data import plugins
+
+    data = flow_dict(**{"cluster.scheduler": address, "weights.delta": True, "weights.bucket_mb": 0.05})
+    data["tasks"][0]["affinity"] = "any"  # both engines, H800 and H20
+    cfg = load_flow(data=data)
+
+    async def go():
+        run, client, cluster = await start_run(cfg, tmp_path, model_dir)
+        try:
+            s, p = run.services, run.services.proxy
+            by_delta, in_full = sorted(p.pool_of)[:2]
+            probe = lambda name, pool, at: run.d.submit_one("probe", _weights_digest, name, pool=pool, worker=at)  # noqa: E731
+            rows, differ = [], []
+            for v in range(run.published + 1, run.published + 51):
+                await run.d.submit_one("nudge", _nudge_the_trainer, v, pool="TRAIN", worker=s.trainer)
+                await client.run(_forget_the_base, workers=[in_full])
+                s.weights.publish(v, p.pool_of)
+                rows.append(await s.weights.wait_staged())
+                await p.update_weights(v)
+                digests = [await probe(plugins.TRAINER, "TRAIN", s.trainer)]
+                digests += [await probe(plugins.ENGINE, p.pool_of[a], a) for a in (by_delta, in_full)]
+                if len(set(digests)) != 1:
+                    differ.append(v)
+            return rows, differ, dict(s.weights.counts)
+        finally:
+            await close(run, client, cluster)
+
+    rows, differ, counts = run_async(go(), timeout=400)
+    assert len(rows) == 50 and differ == []  # trainer, delta engine and full engine: one set of weights at every version
+    assert [r["engines_delta"] for r in rows[1:]] == [1] * 49 and rows[0]["engines_delta"] == 0  # (the first: no version before)
+    assert counts["weights_delta_fallbacks"] == 49  # the other engine tried each delta, then pulled the version in full
+    assert all(r["bytes_moved"] == r["bytes"] + r["delta_bytes"] for r in rows[1:])
