@@ -17,8 +17,9 @@ from rollart_dask.emulation.hardware import (
     prefill_seconds,
     train_step_seconds,
 )
-from rollart_dask.emulation.ideal import Cluster, Latency, Pool, Workload, ideal_step
+from rollart_dask.emulation.ideal import Latency, Pool, Workload
 from rollart_dask.emulation.trainer import EmulatedTrainer
+from tests.oracles import Cluster, drain, ideal_step
 
 P8 = QWEN3_8B.params
 
@@ -60,19 +61,19 @@ def _seq(rid, prompt, out):
 def test_continuous_batching_beats_serial_and_short_requests_leave_early():
     alone = ContinuousBatch(QWEN3_8B, H20)
     alone.submit(_seq("x", 1000, 200))
-    alone.run_to_completion()
+    drain(alone)
     together = ContinuousBatch(QWEN3_8B, H20)
     seqs = [Seq(f"r{i}", [i] * 1000, 200) for i in range(16)]
     long = Seq("long", [99] * 1000, 2000)
     for s in seqs + [long]:
         together.submit(s)
-    together.run_to_completion()
+    drain(together)
     assert max(s.t_done for s in seqs) < 4 * alone.clock < 16 * alone.clock
     # the long one does not hold the short ones back: they end as if all 17 were short
     same = ContinuousBatch(QWEN3_8B, H20)
     for i in range(17):
         same.submit(Seq(f"s{i}", [i] * 1000, 200))
-    same.run_to_completion()
+    drain(same)
     assert max(s.t_done for s in seqs) == pytest.approx(same.clock)
     assert long.t_done > 2 * same.clock
 
@@ -81,14 +82,14 @@ def test_kv_capacity_limits_concurrency_and_prefix_cache_skips_prefill():
     b = ContinuousBatch(QWEN3_8B, H800, kv_tokens=3 * 1100)
     for i in range(6):
         b.submit(Seq(f"r{i}", [i] * 1000, 100))
-    b.run_to_completion()
+    drain(b)
     assert b.counters["max_batch"] == 3 and b.kv_used == 0
     b2 = ContinuousBatch(QWEN3_8B, H800)
     b2.submit(Seq("a", list(range(1600)), 2))
-    b2.run_to_completion()
+    drain(b2)
     t0 = b2.clock
     b2.submit(Seq("b", list(range(1600)) + [7] * 16, 2))  # same prefix: only the tail is prefilled
-    b2.run_to_completion()
+    drain(b2)
     assert b2.counters["cached_tokens"] == 1600 and b2.clock - t0 < t0 / 3 and b2.counters["prefill_tokens"] == 1600 + 16
 
 

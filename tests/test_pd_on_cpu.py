@@ -234,9 +234,10 @@ def test_emulated_pd_times_follow_the_formula():
         QWEN3_8B,
         decode_step_seconds,
         kv_transfer_seconds,
-        pd_request_seconds,
         prefill_seconds,
     )
+
+    from tests.oracles import drain, pd_request_seconds
 
     prompt, output, link = 3000, 200, 25.0
     f = pd_request_seconds(QWEN3_8B, H800, H20, prompt, output, link)
@@ -248,9 +249,9 @@ def test_emulated_pd_times_follow_the_formula():
     # the batch model: prefill on an H800 instance, decode on an H20 instance holding the imported KV
     pre, dec = ContinuousBatch(QWEN3_8B, H800), ContinuousBatch(QWEN3_8B, H20)
     pre.submit(Seq("r", list(range(prompt)), output_tokens=1))
-    pre.run_to_completion()
+    drain(pre)
     dec.submit(Seq("r", list(range(prompt)), output_tokens=output, kv_imported=True))
-    dec.run_to_completion()
+    drain(dec)
     assert pre.clock == pytest.approx(f["prefill_s"]) and dec.clock == pytest.approx(f["decode_s"])
     assert dec.counters["prefill_tokens"] == 0 and dec.counters["imported_tokens"] == prompt
     # the engines, as the runtime drives them (time_scale 0: no sleeping, the batch clocks are the emulated time)

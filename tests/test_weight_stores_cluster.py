@@ -96,6 +96,18 @@ def test_publish_stage_swap_and_garbage_collection_against_a_named_master(addres
     assert not any(present[1]) and all(present[2]) and all(present[3])  # keep_versions=2: v1 collected at v3's publish
 
 
+def _weights_digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
+    import hashlib
+
+    from rollart_dask.data import tasks
+
+    h = hashlib.sha256()
+    for k, v in sorted(tasks.service(name).model.state_dict().items()):
+        if not k.endswith("lm_head.weight"):  # tied to the embedding
+            h.update(k.encode() + v.detach().float().numpy().tobytes())
+    return h.hexdigest()
+
+
 def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_trains(tmp_path, model_dir, run_async):
     """The loop submits Train n+1 before the engines have pulled version n: the publish must have read
     the weights first (Train is ordered after it), and the engines must end up with exactly those.
@@ -106,15 +118,7 @@ def test_a_staged_version_holds_the_weights_it_was_published_with_not_the_next_t
     data["cluster"]["workers"][0]["nthreads"] = 2
     cfg = load_flow(data=data)
     prompt = "SFFF\nFPFH\nFFFH\nHFFG"
-
-    def digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
-        import hashlib
-
-        h = hashlib.sha256()
-        for k, v in sorted(tasks.service(name).model.state_dict().items()):
-            if not k.endswith("lm_head.weight"):  # tied to the embedding
-                h.update(k.encode() + v.detach().float().numpy().tobytes())
-        return h.hexdigest()
+    digest = _weights_digest
 
     async def go():
         run, client, cluster = await start_run(cfg, tmp_path, model_dir)
@@ -218,18 +222,6 @@ def test_with_lora_the_adapter_alone_crosses_the_store_and_the_engines_base_is_u
     assert after["base"] == before["base"] == trainer["base"]  # the base never moved, on either side
     full_bytes = sum(p.numel() * 4 for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(str(model_dir)).parameters())
     assert 0 < row["bytes"] < full_bytes / 2  # (r=4 on every projection of the test's 64-wide model)
-
-
-def _weights_digest(name):  # (sent by value) the weights of the trainer or engine service on this worker
-    import hashlib
-
-    from rollart_dask.data import tasks
-
-    h = hashlib.sha256()
-    for k, v in sorted(tasks.service(name).model.state_dict().items()):
-        if not k.endswith("lm_head.weight"):  # tied to the embedding
-            h.update(k.encode() + v.detach().float().numpy().tobytes())
-    return h.hexdigest()
 
 
 def _forget_the_base(dask_worker=None):  # as an engine that lost the version it held would

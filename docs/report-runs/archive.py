@@ -25,6 +25,7 @@ READ = {
     "success",
     "tasks",
     "staleness",
+    "lag_hist",
     "reward",
     "pool_busy",
     "buffer",

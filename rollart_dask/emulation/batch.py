@@ -195,13 +195,6 @@ class ContinuousBatch:
             out.append(s)
         return out
 
-    def run_to_completion(self) -> None:
-        """Drain everything submitted (no new arrivals): the pure timeline, for tests and the ideal."""
-        while self.waiting or self.running:
-            self.admit()
-            if self.running:
-                self.decode(max(1, self.steps_to_next_finish()))
-
     def reset_cache(self) -> int:
         n = len(self.cache) + sum(self.stream_cache.values()) // BLOCK
         self.cache.clear()

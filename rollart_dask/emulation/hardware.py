@@ -175,22 +175,3 @@ KV_LINK_GBPS = 25.0
 def kv_transfer_seconds(model: ModelProfile, tokens: int, link_gbps: float = KV_LINK_GBPS) -> float:
     """Shipping ``tokens`` of KV cache (K and V, every layer) over a link of ``link_gbps`` GB/s."""
     return model.kv_bytes_per_token * tokens / (link_gbps * 1e9)
-
-
-def pd_request_seconds(
-    model: ModelProfile,
-    prefill_gpu: GPUProfile,
-    decode_gpu: GPUProfile,
-    prompt_tokens: int,
-    output_tokens: int,
-    link_gbps: float = KV_LINK_GBPS,
-    prefill_tp: int = 1,
-    decode_tp: int = 1,
-) -> dict:
-    """One request alone under prefill/decode disaggregation: the prompt's prefill (and its first token)
-    on the prefill GPU, the KV transfer, then one decode step per further token on the decode GPU, the
-    context growing by one token a step (batch 1)."""
-    prefill = prefill_seconds(model, prefill_gpu, prompt_tokens, prefill_tp)
-    transfer = kv_transfer_seconds(model, prompt_tokens, link_gbps) if output_tokens > 1 else 0.0
-    decode = sum(decode_step_seconds(model, decode_gpu, 1, prompt_tokens + 1 + k, decode_tp) for k in range(output_tokens - 1))
-    return {"prefill_s": prefill, "transfer_s": transfer, "decode_s": decode, "total_s": prefill + transfer + decode}

@@ -25,6 +25,9 @@ Assumptions (each a lower bound, so ideal ≤ any real run of the same emulated 
 - Not modelled: env/reward CPU capacity (unlimited), network, TP communication, preemption,
   prefill/decode disaggregation (simulate.py does), redundancy (which only helps against tails: use E[max] of the
   first G of G + r to model it later).
+Here: the shared pieces (per-trajectory generation, latency, the pools). A run's ideal is emulation/flow_ideal.py;
+the single-workload closed form of the modes above, which the tests check the emulation against, is
+tests/oracles.py: ideal_step.
 """
 
 from __future__ import annotations
@@ -35,15 +38,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollart_dask.emulation.hardware import (
-    H800,
     GPUProfile,
     ModelProfile,
     decode_step_seconds,
     kv_capacity_tokens,
     prefill_flops,
     prefill_seconds,
-    train_step_seconds,
-    weight_load_seconds,
 )
 
 
@@ -64,10 +64,6 @@ class Latency:
         if self.sigma <= 0 or math.isinf(self.cap):
             return min(self.median, self.cap) * math.exp(self.sigma**2 / 2)
         return float(self.sample(rng or np.random.default_rng(0), 100_000).mean())
-
-
-def _lat(x) -> Latency:
-    return x if isinstance(x, Latency) else Latency(float(x))
 
 
 @dataclass(frozen=True)
@@ -99,15 +95,6 @@ class Pool:
     @property
     def instances(self) -> int:
         return self.gpus // self.tp
-
-
-@dataclass(frozen=True)
-class Cluster:
-    model: ModelProfile
-    generation: tuple[Pool, ...]
-    train_gpus: int
-    train_gpu: GPUProfile = H800
-    update_s: float | None = None  # default: weight load of the slowest generation instance
 
 
 @dataclass
@@ -150,54 +137,3 @@ def generation_latency(w: Workload, model: ModelProfile, pool: Pool) -> float:
         for j in range(1, w.output_tokens):
             s += decode_step_seconds(model, pool.gpu, 1, w.prompt_at(k) + j, pool.tp)
     return s
-
-
-def ideal_step(
-    w: Workload, c: Cluster, mode: str = "sync", alpha: int = 0, level: str = "trajectory", samples: int = 200, seed: int = 0
-) -> Ideal:
-    if mode not in ("sync", "one_off", "rollart"):
-        raise ValueError(f"mode must be sync, one_off or rollart, not {mode!r}")
-    if mode == "sync":
-        alpha, level = 0, "batch"
-    elif mode == "one_off":
-        alpha, level = 1, "batch"
-    rng = np.random.default_rng(seed)
-    pools = [p for p in c.generation if p.instances > 0]
-    rate = sum(p.instances / per_trajectory_seconds(w, c.model, p) for p in pools)
-    t_thr = w.trajectories / rate
-    gen_lat = min(generation_latency(w, c.model, p) for p in pools)  # the fastest instance for one trajectory
-    reset, step, reward = _lat(w.env_reset), _lat(w.env_step), _lat(w.reward)
-    n, t = w.trajectories, w.turns
-    env = reset.sample(rng, (samples, n)) + step.sample(rng, (samples, n, t)).sum(-1) + reward.sample(rng, (samples, n))
-    lat_mean = gen_lat + float(env.mean())
-    if level == "batch":  # a barrier after every stage: each stage waits for its slowest member
-        per_turn = step.sample(rng, (samples, n, t)).max(1).sum(-1)
-        lat_max = gen_lat + float((reset.sample(rng, (samples, n)).max(1) + per_turn + reward.sample(rng, (samples, n)).max(1)).mean())
-    else:
-        lat_max = gen_lat + float(env.max(1).mean())
-    makespan = max(t_thr, lat_max)
-    train = train_step_seconds(c.model, c.train_gpus, n * w.sample_tokens, c.train_gpu)
-    update = c.update_s if c.update_s is not None else max(weight_load_seconds(c.model, p.gpu, p.tp) for p in pools)
-    if alpha == 0:
-        step_s, binding = makespan + update + train, "rollout+update+train"
-    elif mode == "one_off":
-        step_s = max(makespan, train) + update
-        binding = ("rollout" if makespan >= train else "train") + "+update"
-    else:
-        cands = {"rollout_throughput+update": t_thr + update, "train": train, "latency/(alpha+1)": lat_mean / (alpha + 1)}
-        binding = max(cands, key=cands.get)
-        step_s = cands[binding]
-    terms = {
-        "rollout_throughput_s": t_thr,
-        "latency_mean_s": lat_mean,
-        "latency_max_s": lat_max,
-        "makespan_s": makespan,
-        "generation_latency_s": gen_lat,
-        "train_s": train,
-        "update_s": update,
-        "tokens_per_step": n * w.sample_tokens,
-        "trajectories_per_s": n / step_s,
-        "alpha": alpha,
-        "level": level,
-    }
-    return Ideal(mode, step_s, binding, terms)

@@ -124,7 +124,12 @@ def run(flow, overrides, scheduler, out, resume):
                 f"weights ({w['store']} store)",
                 f"{what}{w['bytes'] / 2**20:.2f} MiB in {w['buckets']} bucket(s) to {w['engines']} engine(s): "
                 f"publish {w['publish_s']:.3f} s, transfer {w['transfer_s']:.3f} s, waited for before Suspend {w['waited_s']:.3f} s "
-                f"({w['hidden_fraction']:.0%} hidden behind rollout)",
+                f"({w['hidden_fraction']:.0%} hidden behind rollout)"
+                + (
+                    f"; as deltas of {w['delta_bytes'] / 2**20:.2f} MiB on average ({w['delta_pulls']:.0%} of the pulls)"
+                    if w.get("delta_bytes")
+                    else ""
+                ),
             )
         )
     pl = result.get("placement")

@@ -252,9 +252,10 @@ def lag(runs: list[RunData]) -> Figure | None:
         for shift, (part, label) in zip((-0.2, 0.2), (("in_flight", "in flight"), ("in_queue", "in the queue"))):
             hist = totals.get(part, {})
             ax.bar([v + shift for v in hist], list(hist.values()), width=0.4, label=label)
+        ax.set_xticks(sorted({v for hist in totals.values() for v in hist}))
         return bool(totals)
 
-    title = "the staleness's two parts: versions in flight and in the queue (whole run)"
+    title = "staleness split: versions in flight, in the queue"
     return _per_run(runs, title, "trajectories", draw, xlabel="versions")
 
 
