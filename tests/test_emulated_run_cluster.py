@@ -99,9 +99,10 @@ def test_an_emulated_weight_transfer_is_hidden_behind_rollout_unless_pulled_at_u
     assert len(pulls) >= 3
     assert all(p["transfer_s"] >= 0.28 for p in pulls), pulls  # the emulated link was slept, every version
     if pull == "at_update":
-        assert all(p["hidden_s"] < 0.05 and p["waited_s"] >= 0.28 for p in pulls), pulls
+        # the loop waits from the stage's submission on: all but a sliver of the transfer (a share, not a wall-clock bound)
+        assert all(p["hidden_s"] < 0.1 * p["transfer_s"] and p["waited_s"] >= 0.28 for p in pulls), pulls
     else:
-        # (overlap, not a speed target: at update it is < 0.05 s a version; on a loaded 2-core runner about half is hidden)
+        # (overlap, not a speed target: at update it is under a tenth of the transfer; on a loaded 2-core runner about half is hidden)
         assert sum(p["hidden_s"] for p in pulls) > 0.25 * sum(p["transfer_s"] for p in pulls), pulls
 
 

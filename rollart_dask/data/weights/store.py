@@ -45,7 +45,8 @@ class WeightStore:
         self._closed = False
         self.transfers: list[dict] = []  # one per staged version (metrics rows and the run summary)
         self.prefix = f"rollart/{uuid.uuid4().hex[:12]}"  # keys of this run, should the master be shared
-        # the last two versions' (publish future, buckets future | None, deltas future | None): what a joining engine stages
+        # the last two versions' (publish future, buckets future | None, deltas): what a joining engine stages; deltas = the
+        # deltas' future (dask) or True (mooncake: keys in the store) when weights.delta published them, else None / False
         self._kept: dict[int, tuple] = {}
         self._trainer_base: int | None = None  # weights.delta: the version the trainer published last (its next is diffed to it)
         self._engine_base: dict[str, int] = {}  # weights.delta: engine → the version it staged last (a delta applies to it)
