@@ -32,6 +32,8 @@ RUNNING, KEPT, CANCELLED, FAILED, STALE = "running", "kept", "cancelled", "faile
 # where a launched trajectory ends: trained, or why not (the last two only while the run goes on, or at its end)
 OUTCOMES = ("trained", "aborted_stale", "evicted_stale", "redundant", "failed", "dropped_with_group", "in_flight", "finished_untrained")
 
+LAG_PARTS = ("in_flight", "in_queue")  # a trained trajectory's staleness = versions in flight + versions in the queue
+
 
 @dataclass
 class Group:
@@ -231,9 +233,7 @@ class SampleBuffer:
             "queue_s": [now - t.finished_at for t in kept if t.finished_at is not None],
         }
         out = {f"{name}_{q}": v for name, values in parts.items() if values for q, v in _quantiles(values).items()}
-        out["lag_hist"] = {
-            part: {str(k): n for k, n in sorted(Counter(parts[f"lag_{part}"]).items())} for part in ("in_flight", "in_queue")
-        }
+        out["lag_hist"] = {part: {str(k): n for k, n in sorted(Counter(parts[f"lag_{part}"]).items())} for part in LAG_PARTS}
         return out
 
     # -- internals ------------------------------------------------------------------------

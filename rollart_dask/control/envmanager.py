@@ -79,6 +79,10 @@ class EnvManager:
         self.profiler = None  # control/placement.py's Profiler: told of every training turn asked and answered
         self.placed: dict[str, str] = {}  # affinity auto: task → the affinity the run chose (control/placement.py), until then any
 
+    def in_flight(self) -> Counter:
+        """Trajectories in flight by stage (generate, env-step, reward, …)."""
+        return Counter(self.stage.values())
+
     async def closes_done(self, timeout: float) -> int:
         """Wait (at most ``timeout`` s) for the env closes still in flight; returns how many were left unanswered.
         A run stops only after this: a close still queued when the dispatcher's channels shut would never reach its

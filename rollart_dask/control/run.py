@@ -103,7 +103,7 @@ class Run:
 
     def in_flight(self) -> Counter:
         """Trajectories in flight by stage (generate, env-step, reward, …)."""
-        return Counter(self.services.em.stage.values())
+        return self.services.em.in_flight()
 
     @property
     def published(self) -> int:  # policy version: published optimizer updates

@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 
 from rollart_dask.algo.heldout import is_complete
+from rollart_dask.control.buffer import LAG_PARTS
 
 TOPIC = "rollart"  # the scheduler event topic the dashboard page and notebooks read
 TAIL = 32
-LAG_PARTS = ("in_flight", "in_queue")  # a trained trajectory's staleness = versions in flight + versions in the queue
 COUNTS = ("aborted_stale", "evicted_stale", "redundant_dropped", "failed", "relaunched", "groups_dropped", "finished")
 
 

@@ -93,7 +93,7 @@ class Telemetry:
             s = self.services
             where = Counter(s.poolmap.name(a) for a in s.em.where.values())
             msg = (
-                f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(Counter(s.em.stage.values()))}, "
+                f"watchdog: no progress for {idle:.0f}s — in flight by stage {dict(s.em.in_flight())}, "
                 f"envs by worker {dict(where)}, suspended={s.proxy.suspended}, engines v{s.proxy.version}, policy v{status.published}, "
                 f"buffer ready {self.buffer.ready()}/{self.cfg.rollout.batch_groups}, open calls {s.d.open_calls()}"
             )

@@ -45,8 +45,8 @@ class WeightStore:
         self._closed = False
         self.transfers: list[dict] = []  # one per staged version (metrics rows and the run summary)
         self.prefix = f"rollart/{uuid.uuid4().hex[:12]}"  # keys of this run, should the master be shared
-        # the last two versions' (publish future, buckets future | None, deltas): what a joining engine stages; deltas = the
-        # deltas' future (dask) or True (mooncake: keys in the store) when weights.delta published them, else None / False
+        # the last two versions' (publish future, buckets future | None, deltas future | None, a delta published): what a
+        # joining engine stages (the futures: store=dask; with mooncake the buckets and deltas are keys in the store)
         self._kept: dict[int, tuple] = {}
         self._trainer_base: int | None = None  # weights.delta: the version the trainer published last (its next is diffed to it)
         self._engine_base: dict[str, int] = {}  # weights.delta: engine → the version it staged last (a delta applies to it)
@@ -110,7 +110,7 @@ class WeightStore:
                 )
         self._trainer_base = version
         self._kept = {v: k for v, k in self._kept.items() if v >= version - 1}
-        self._kept[version] = (published, buckets, deltas if self.kind == "dask" else with_delta)
+        self._kept[version] = (published, buckets, deltas, with_delta)
         # read as soon as the publish ends, not when its staging starts (pulled at Update, that waits for the next
         # step): a trainer lost in between is compared with what it published
         asyncio.ensure_future(self._record_digest(version, published))
@@ -134,8 +134,8 @@ class WeightStore:
     def _stage(self, version: int, address: str, pool: str, spec: dict, full: bool = False):
         """The stage task of ``version`` on one engine: its delta when the engine staged the version before it (and
         one was published), else the full version."""
-        published, buckets, deltas = self._kept[version]
-        use_delta = not full and bool(deltas) and self._engine_base.get(address) == version - 1
+        published, buckets, deltas, with_delta = self._kept[version]
+        use_delta = not full and with_delta and self._engine_base.get(address) == version - 1
         if self.kind == "dask":
             fn, data = (worker.engine_stage_dask_delta, deltas) if use_delta else (worker.engine_stage_dask, buckets)
             return self.d.submit_one("stage-weights", fn, published, data, spec, pool=pool, worker=address)
@@ -163,7 +163,7 @@ class WeightStore:
         """The trainer's worker is gone, and what it published with it (Dask cannot recompute a publish): the stages in
         flight are cancelled, and a wait for the transfer waits for the re-created trainer's publish instead
         (control/recovery.py publishes the same version again)."""
-        published = [f for kept in self._kept.values() for f in kept if hasattr(f, "done")]  # pinned to the lost worker: never done
+        published = [f for kept in self._kept.values() for f in kept[:3] if f is not None]  # pinned to the lost worker: never done
         for fut in [*self._in_flight.values(), *self._joining.values(), *published]:
             if not fut.done():
                 asyncio.ensure_future(self.d.client.cancel([fut]))

@@ -89,8 +89,8 @@ def _diff(version: int, blobs: list[bytes], manifest: dict) -> list[bytes] | Non
     if last.get("version") != version - 1 or not delta.lines_up(last["blobs"], blobs):
         return None
     deltas = [delta.encode(old, new) for old, new in zip(last["blobs"], blobs)]
-    manifest["delta"] = {"of": version - 1, "nbytes": [len(d) for d in deltas], "bytes": sum(map(len, deltas))}
-    manifest["delta"]["encode_s"] = time.perf_counter() - t0
+    nbytes = [len(d) for d in deltas]
+    manifest["delta"] = {"of": version - 1, "nbytes": nbytes, "bytes": sum(nbytes), "encode_s": time.perf_counter() - t0}
     return deltas
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rollart_dask.control.snapshot import COUNTS, LAG_PARTS
+from rollart_dask.control.buffer import LAG_PARTS
+from rollart_dask.control.snapshot import COUNTS
 
 STAGES = ("env-wait", "env-reset", "barrier", "generate", "env-step", "reward")  # EnvManager.stage values, in trajectory order
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")

@@ -255,16 +255,22 @@ def _adam_steps(checkpoint: Path) -> int:
 def shared_cluster(base: FlowConfig):
     """One cluster of the flow's workers (plain TCP on its listen address) for every scenario that leaves it as found
     (``Scenario.can_share_cluster``): its start-up paid once, not per scenario. Yields the scheduler's address."""
-    from distributed import Client, SpecCluster
+    from distributed import SpecCluster
 
     from rollart_dask.resource.cluster import cluster_spec, quiet_worker_logs
 
     quiet_worker_logs()
     spec = cluster_spec(base.cluster)
     with SpecCluster(workers=spec["workers"], scheduler=spec["scheduler"], silence_logs=40, name="rollart-chaos") as cluster:
-        with Client(cluster) as client:
-            client.wait_for_workers(len(spec["workers"]), timeout=120)
+        _wait_for_workers(cluster.scheduler_address, len(spec["workers"]))
         yield cluster.scheduler_address
+
+
+def _wait_for_workers(scheduler: str, n: int) -> None:
+    from distributed import Client
+
+    with Client(scheduler) as client:
+        client.wait_for_workers(n, timeout=120)
 
 
 def run_scenario(
@@ -281,10 +287,7 @@ def run_scenario(
     shared = bool(scheduler) and scenario.can_share_cluster
     cfg = scenario_flow(base, scenario, (*budget, f"cluster.scheduler={scheduler}") if shared else budget)
     if shared:  # a worker the last scenario restarted is back before this run counts the pools
-        from distributed import Client
-
-        with Client(scheduler) as client:
-            client.wait_for_workers(len(base.cluster.workers), timeout=120)
+        _wait_for_workers(scheduler, len(base.cluster.workers))
     shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (a run appends to an OUT's metrics)
     before = {"processes": sandbox_processes(), "containers": sandbox_containers()}
     if any(f.action == "kill_process" for f in scenario.faults):
