@@ -34,6 +34,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     finished_version: int | None = None  # engine version when it finished: its in-flight lag is this − version
     finished_at: float | None = None  # monotonic time it finished: how long it then waited for the Train that used it
+    sampling_seed: int | None = None  # rollout.deterministic: its tokens' seeds derive from this (algo/seeding.py)
 
     @property
     def success(self) -> bool:

@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("resource plane", ("rollart_dask.resource",)),
     ("data plane", ("rollart_dask.data",)),
     ("control plane", ("rollart_dask.control",)),
-    ("beside the runtime", ("rollart_dask.emulation", "rollart_dask.serve", "rollart_dask.tools.report")),
+    ("beside the runtime", ("rollart_dask.emulation", "rollart_dask.serve", "rollart_dask.tools.report", "rollart_dask.tools.replay")),
     ("entry", ("rollart_dask.entry.api", "rollart_dask.entry.launch")),
     ("experiments", ("rollart_dask.tools.ablation",)),
     ("command line", ("rollart_dask.entry.cli", "rollart_dask")),

@@ -3,11 +3,14 @@
 One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the policy version of the turn
 and, when it was continued across versions, of each response token; the trajectory's advantage); the stats
 describe the batch as trained: reward, success, the share of groups with any signal (a group whose members all
-scored alike teaches nothing under GRPO), the share of turns continued across versions, and per task.
+scored alike teaches nothing under GRPO), the share of turns continued across versions, and per task; ``sha256``: the
+batch as trained, in order (two runs that train the same samples in the same order print the same one).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from typing import Callable, Protocol, Sequence
 
@@ -59,6 +62,7 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
         "mixed_version_turns": mixed / len(samples),
         "groups_with_signal": varied / len(groups),
         "turns_per_traj": len(samples) / len(rewards),
+        "sha256": batch_digest(samples),
         "tasks": {
             name: {
                 "groups": pt["groups"],
@@ -71,6 +75,17 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
         },
     }
     return samples, stats
+
+
+def batch_digest(samples: Sequence[dict]) -> str:
+    """What the trainer is given, in order, hashed (16 hex digits): every sample's tokens, behaviour log-probs (exact:
+    a float's repr round-trips), versions and advantage."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(
+            json.dumps([s["prompt_ids"], s["response_ids"], s["logprobs"], s["version"], s["token_versions"], s["advantage"]]).encode()
+        )
+    return h.hexdigest()[:16]
 
 
 def version_lag(samples: Sequence[dict], trainer_version: int) -> dict:

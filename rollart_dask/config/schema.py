@@ -311,6 +311,15 @@ class RolloutConfig(Strict):
         "(generated again from the turn's prompt under the new weights, the paper's) or "
         "continue (from its generated prefix; each token keeps the version that made it)",
     )
+    deterministic: bool = Field(
+        False,
+        description="replayable: the same flow and seed train the same samples in the same order and end with the same "
+        "weights bit for bit. Generation then goes batch by batch (level batch, safe admission), each batch whole by one "
+        "version; a batch is its groups in launch order, members by index; the torch engine forwards one request at a "
+        "time (engine.max_batch 1) and draws each token from a generator seeded by the run's seed, the group, the member, "
+        "the turn and the token's place. alpha 0 or 1; embedded cluster, torch engine and trainer "
+        "(docs/concepts/determinism.md)",
+    )
     pd: (
         Annotated[
             Annotated[Literal["auto"], Tag("pd-auto")] | Annotated[PDConfig, Tag("pd-route")],  # (one branch: errors name its keys)
@@ -335,10 +344,12 @@ class RolloutConfig(Strict):
     def _mode_rules(self):
         defaults = {"sync": ("batch", 0), "one_off": ("batch", 1), "rollart": ("trajectory", 1)}
         level, alpha = defaults[self.mode]
-        if self.level is None:
-            object.__setattr__(self, "level", level)
+        if self.level is None:  # deterministic: batch by batch, so a weight update never lands inside a batch's generation
+            object.__setattr__(self, "level", "batch" if self.deterministic else level)
         if self.alpha is None:
             object.__setattr__(self, "alpha", alpha)
+        if self.deterministic:
+            self._deterministic_rules()
         if self.mode == "sync" and (self.alpha != 0 or self.level != "batch"):
             raise ValueError(
                 f"rollout.mode=sync requires rollout.alpha=0 and rollout.level=batch (got alpha={self.alpha}, level={self.level})"
@@ -353,6 +364,35 @@ class RolloutConfig(Strict):
                 f"every trained token's lag: set it to 0..{self.alpha}, or leave it out"
             )
         return self
+
+    def _deterministic_rules(self) -> None:
+        """What rollout.deterministic cannot replay: each names what decides by arrival or by the clock."""
+        why = {
+            "level": (
+                self.level == "trajectory",
+                "at trajectory level a weight update lands inside trajectories at "
+                "moments the clock decides (leave rollout.level out, or set batch)",
+            ),
+            "alpha": (
+                self.alpha > 1,
+                "each batch is generated whole by one version, and with alpha ≥ 2 an engine "
+                "would serve a version older than the trainer's latest, which the weight store does not keep "
+                "(use alpha 0 or 1)",
+            ),
+            "redundancy": (self.redundancy > 0, "a group keeps the first members to finish: arrival order (use 0)"),
+            "admission": (
+                self.admission == "eager" and self.alpha > 0,
+                "eager admission opens a batch before its "
+                "version is installed, so when the update lands inside it depends on timing (use safe)",
+            ),
+            "fairness": (
+                self.fairness == "task",
+                "the task quota picks groups by completion (use none: a deterministic batch is the groups in launch order)",
+            ),
+        }
+        for key, (bad, reason) in why.items():
+            if bad:
+                raise ValueError(f"rollout.deterministic with rollout.{key}={getattr(self, key)}: {reason}")
 
     @property
     def lag_bound(self) -> int:
@@ -908,6 +948,33 @@ class FlowConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _deterministic_components(self):
+        """Components that cannot replay bit for bit are refused by name (rollout.deterministic)."""
+        if not self.rollout.deterministic:
+            return self
+        refused = {
+            "engine.backend": (
+                self.engine.backend,
+                "torch",
+                "vLLM batches requests as they arrive with kernels that are "
+                "not batch-invariant; the emulated engines make synthetic tokens",
+            ),
+            "trainer.backend": (self.trainer.backend, "torch", "only the torch trainer is checked bit for bit"),
+        }
+        for key, (value, allowed, why) in refused.items():
+            if value != allowed:
+                raise ValueError(f"rollout.deterministic with {key}={value}: {why} (allowed: {allowed})")
+        if self.cluster.scheduler:
+            raise ValueError(not_deterministic_attached(f"cluster.scheduler={self.cluster.scheduler}"))
+        threads = {w.name: w.torch_threads for w in self.cluster.workers if {"H800", "H20"} & set(w.pools) and "TRAIN" not in w.pools}
+        if len(set(threads.values())) > 1:
+            raise ValueError(
+                f"rollout.deterministic with engine workers of different torch_threads ({threads}): which engine serves a "
+                "request depends on load, and a forward's float results on its thread count (give them one value)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _mooncake_master(self):
         if self.weights.store == "mooncake" and self.cluster.scheduler and not self.weights.mooncake.master:
             raise ValueError(
@@ -922,11 +989,21 @@ class FlowConfig(Strict):
         return self.engine.backend in ("emulated", "null")
 
 
+def not_deterministic_attached(what: str) -> str:
+    """Why rollout.deterministic refuses a cluster it attaches to (``what``: how the flow names it)."""
+    return (
+        f"rollout.deterministic with {what}: an attached cluster's workers (their thread counts, their libraries, which "
+        "of them serves a request) are not set by the flow, and float results depend on them (allowed: the embedded "
+        "cluster, cluster.scheduler unset and no client)"
+    )
+
+
 def normalise(flow: FlowConfig) -> FlowConfig:
     """Fill in what a flow leaves to be derived, once, as it is built (the one place that changes a flow):
     - a task that leaves ``affinity`` unset takes its env's declared one (``@rollart_dask.env(affinity=...)``);
     - an emulated run has one clock: a synthetic env's reward cost and a task's injected latency default to
       ``emulation.time_scale``;
+    - a deterministic run's torch engine forwards one request at a time (engine.max_batch 1);
     - Dr. GRPO's constant normaliser (``trainer.loss_agg: constant``) defaults to the longest response a sample can have,
       the largest ``max_tokens`` of the tasks (a sample is one turn)."""
     from rollart_dask.declare import declared
@@ -943,6 +1020,13 @@ def normalise(flow: FlowConfig) -> FlowConfig:
                 t.env_args = {**t.env_args, "time_scale": flow.emulation.time_scale}
             if t.inject is not None and t.inject.get("time_scale") is None:
                 t.inject = {**t.inject, "time_scale": flow.emulation.time_scale}
+    if flow.rollout.deterministic:  # each request forwarded alone: its logits never depend on its neighbours
+        if "max_batch" in flow.engine.model_fields_set and flow.engine.max_batch != 1:
+            raise ValueError(
+                f"rollout.deterministic with engine.max_batch={flow.engine.max_batch}: a request's logits change with "
+                "what is batched beside it, so each request is forwarded alone (allowed: 1, or leave it out)"
+            )
+        flow.engine.max_batch = 1
     if flow.trainer.loss_agg == "constant" and flow.trainer.loss_norm_tokens is None:
         flow.trainer.loss_norm_tokens = max((t.max_tokens for t in flow.tasks), default=None)
     return flow

@@ -46,6 +46,10 @@ class Group:
     kept: list[Trajectory] = field(default_factory=list)
     relaunches: int = 0
     next_index: int = 0
+    ordinal: int = 0  # its place in launch order
+
+    def member_index(self, traj_id: str) -> int:
+        return int(traj_id.rsplit("/", 1)[1])
 
     def running(self) -> list[str]:
         return [t for t, s in self.members.items() if s == RUNNING]
@@ -73,11 +77,13 @@ class SampleBuffer:
         max_relaunch: int = 3,
         fairness: str = "none",
         max_lag: int | None = None,
+        ordered: bool = False,
     ):
         if fairness not in FAIRNESS:
             raise ValueError(f"fairness {fairness!r} is not one of {', '.join(FAIRNESS)}")
         self.G, self.r, self.alpha, self.max_relaunch, self.fairness = group_size, redundancy, alpha, max_relaunch, fairness
         self.max_lag = alpha if max_lag is None else min(alpha, max_lag)  # the floor's distance (rollout.max_trained_lag)
+        self.ordered = ordered  # rollout.deterministic: batches in launch order, members by index, never by arrival
         self.groups: dict[str, Group] = {}
         self.complete: list[str] = []  # group ids with G kept members, in completion order
         self.counts: Counter = Counter()
@@ -93,7 +99,7 @@ class SampleBuffer:
     # -- events ---------------------------------------------------------------------------
     def open_group(self, group_id: str, task: str, seed: int, size: int | None = None) -> Orders:
         """Open a group of ``size`` kept members (default: the buffer's G); launches size + r."""
-        g = Group(group_id, task, seed, size or self.G)
+        g = Group(group_id, task, seed, size or self.G, ordinal=self.opened)
         self.groups[group_id] = g
         self.opened += 1
         self.launched[task] += 1
@@ -161,8 +167,17 @@ class SampleBuffer:
 
     def take(self, n_groups: int) -> list[Group] | None:
         """Pop n complete groups (call enforce_staleness first), or None if there are not yet: the first n to
-        complete, or with fairness the first complete ones of each task's quota (control/fairness.py)."""
-        ids = self._fair_batch(n_groups) if self.fairness == "task" else self.complete[:n_groups]
+        complete, or with fairness the first complete ones of each task's quota (control/fairness.py). Ordered: the
+        n first launched groups still open, once all of them are complete, their members sorted by index."""
+        if self.ordered:
+            ids = sorted(self.groups, key=lambda i: self.groups[i].ordinal)[:n_groups]
+            if len(ids) < n_groups or not set(ids) <= set(self.complete):
+                return None
+            for i in ids:
+                g = self.groups[i]
+                g.kept.sort(key=lambda t: g.member_index(t.id))
+        else:
+            ids = self._fair_batch(n_groups) if self.fairness == "task" else self.complete[:n_groups]
         if ids is None or len(ids) < n_groups:
             return None
         chosen = set(ids)

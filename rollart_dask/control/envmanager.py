@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections import Counter
 
+from rollart_dask.algo.seeding import mixed_seed
 from rollart_dask.config import EngineConfig, RolloutConfig, TaskConfig, task_pool
 from rollart_dask.control.breaker import as_user_fault
 from rollart_dask.control.dispatch import CallFailed, Dispatcher, WorkerLost
@@ -208,6 +209,7 @@ class EnvManager:
                     counted=not evaluating,
                     task=task.name,
                     stop=task.prompt.stop,
+                    seed=None if traj.sampling_seed is None else mixed_seed(traj.sampling_seed, turn),
                 )
                 chat.answered(c.text)
                 if self.profiler is not None and not evaluating:

@@ -8,15 +8,20 @@ import asyncio
 import time
 from collections import Counter
 
+from rollart_dask.algo.seeding import EVAL, mixed_seed
 from rollart_dask.algo.heldout import incomplete_note, is_complete, reason, summarise
 from rollart_dask.observe import console
 from rollart_dask.types import Trajectory
 
 
-async def play_all(em, chosen: dict, tag: str, version: int, temperature: float, retries: int) -> tuple[dict, dict]:
+async def play_all(
+    em, chosen: dict, tag: str, version: int, temperature: float, retries: int, seed: int | None = None
+) -> tuple[dict, dict]:
     """Every task of ``chosen`` (name → (task, seeds)) played at once (a slow task, sandboxed code, does not serialise behind
-    the others): figures and outcomes by task. A task whose figures are incomplete (failed calls) is said."""
-    played = await asyncio.gather(*(play(em, t, seeds, tag, temperature, retries) for t, seeds in chosen.values()))
+    the others): figures and outcomes by task. A task whose figures are incomplete (failed calls) is said. ``seed``: the
+    run's seed when it is deterministic (sampled episodes then draw from seeds of the version, the task and the env seed)."""
+    base = lambda name: None if seed is None else mixed_seed(seed, EVAL, version, *name.encode())  # noqa: E731
+    played = await asyncio.gather(*(play(em, t, seeds, tag, temperature, retries, base(t.name)) for t, seeds in chosen.values()))
     out = {name: figures for name, (figures, _) in zip(chosen, played)}
     for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
         if not is_complete(fig):
@@ -24,7 +29,9 @@ async def play_all(em, chosen: dict, tag: str, version: int, temperature: float,
     return out, {name: outcomes for name, (_, outcomes) in zip(chosen, played)}
 
 
-async def play(em, task, seeds: range, tag: str, temperature: float = 0.0, retries: int = 0) -> tuple[dict, dict[int, dict]]:
+async def play(
+    em, task, seeds: range, tag: str, temperature: float = 0.0, retries: int = 0, sampling_seed: int | None = None
+) -> tuple[dict, dict[int, dict]]:
     """Play ``task`` on ``seeds`` (all at once: a slow env does not serialise the others); its figures and outcomes by seed,
     played greedy (``temperature`` 0) or sampled at ``temperature`` (pass@1 of one sample per seed).
     Seeds whose trajectory failed (raised, not a wrong answer) are played again, together, up to ``retries`` rounds;
@@ -38,7 +45,13 @@ async def play(em, task, seeds: range, tag: str, temperature: float = 0.0, retri
     for round_ in range(retries + 1):
         # a new id each round: the env host refuses a reset of a trajectory it has closed
         trajs = [
-            Trajectory(id=f"eval-{tag}-{task.name}-{s}" + (f"~r{round_}" if round_ else ""), group_id="eval", task=task.name, seed=s)
+            Trajectory(
+                id=f"eval-{tag}-{task.name}-{s}" + (f"~r{round_}" if round_ else ""),
+                group_id="eval",
+                task=task.name,
+                seed=s,
+                sampling_seed=None if sampling_seed is None else mixed_seed(sampling_seed, s),  # a replayed seed draws alike
+            )
             for s in pending
         ]
         results = await asyncio.gather(*(em.run(t, task, eval_temperature=temperature) for t in trajs), return_exceptions=True)

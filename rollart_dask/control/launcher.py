@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import Counter
 
+from rollart_dask.algo.seeding import mixed_seed
 from rollart_dask.config import FlowConfig, TaskConfig
 from rollart_dask.control import phases
 from rollart_dask.control.breaker import FaultBreaker, UserCodeFailed
@@ -102,6 +103,8 @@ class Launcher:
         for gid, tid in orders.launch:
             g = self.buffer.groups[gid]
             traj = Trajectory(id=tid, group_id=gid, task=g.task, seed=g.seed)
+            if self.cfg.rollout.deterministic:  # its tokens' seeds: the run's seed, the group's launch ordinal, its index
+                traj.sampling_seed = mixed_seed(self.cfg.seed, g.ordinal, g.member_index(tid))
             member = self.members[tid] = asyncio.ensure_future(self._member(traj, self.tasks[g.task], barrier))
             # on the task, not in the coroutine: a member cancelled before its first step never runs its body
             member.add_done_callback(lambda _, tid=tid: self._member_ended(tid))

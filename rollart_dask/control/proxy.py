@@ -96,11 +96,13 @@ class LLMProxy:
         counted: bool = True,
         task: str = "",
         stop: list[str] | None = None,
+        seed: int | None = None,
     ) -> Completion:
         """``emulate``: an EMULATED workload's lengths for this turn (only the emulated engine reads it). ``counted``: its
         tokens go into ``tokens`` (False for evaluation, which is never trained). ``task``: whose call (``landed``). ``pool``
         may be a callable, asked each time the call is (re-)issued: a turn aborted by Suspend goes where its task is placed
-        by then (affinity auto). ``prompt``: an observation (one user message) or the chat messages; ``stop``: stop strings."""
+        by then (affinity auto). ``prompt``: an observation (one user message) or the chat messages; ``stop``: stop strings;
+        ``seed``: the turn's sampling seed (rollout.deterministic: each token drawn from its own generator, algo/seeding.py)."""
         tokens = self.tokens if counted else Counter()
         prefix = Prefix()  # rollout.partial=continue: the response so far, across the versions that made it
         placed = pool if callable(pool) else (lambda fixed=pool: fixed)
@@ -121,6 +123,8 @@ class LLMProxy:
                 item["emulate"] = emulate
             if stop:
                 item["stop"] = list(stop)
+            if seed is not None:
+                item["seed"] = seed
             self._inflight[rid] = (addr, traj_id)
             self._idle.clear()
             self.load[addr] += 1

@@ -40,7 +40,7 @@ class Run:
         self.from_checkpoint, self.start_endpoint = resume, start_endpoint
         r = cfg.rollout
         self.B, self.alpha = r.batch_groups, r.alpha
-        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness, r.lag_bound)
+        self.buffer = SampleBuffer(r.group_size, r.redundancy, r.alpha, r.max_relaunch, r.fairness, r.lag_bound, ordered=r.deterministic)
         self.d = Dispatcher(client, coalesce=r.coalesce, max_inflight=r.coalesce_inflight)
         self.metrics = MetricsWriter(out_dir, cfg.observe, cfg.model_dump(mode="json"))  # (the flow: each tracker's config)
         self.final_checkpoint: str | None = None  # written at the run's end: the trackers' artefact
@@ -298,8 +298,9 @@ class Run:
                 out = {}
             else:
                 chosen = {t.name: (t, seeds_of(t)) for t in tasks or self.cfg.tasks}
-                tag = f"{self.run_id}-v{version}"
-                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, tag, version, temperature, self.cfg.eval.retries)
+                seeded = self.cfg.seed if self.cfg.rollout.deterministic else None
+                args = (f"{self.run_id}-v{version}", version, temperature, self.cfg.eval.retries, seeded)
+                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, *args)
         row = {
             "kind": "eval",
             "step": version,

@@ -5,7 +5,10 @@ stopped on an error still writes (its summary; after a user fault, the trainer's
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from pathlib import Path
+
 from rollart_dask.control.breaker import UserFault
 from rollart_dask.control.telemetry import pd_metrics
 from rollart_dask.observe import console
@@ -40,6 +43,7 @@ def ended(run) -> dict:
         "first": run.history[0],
         "last": run.history[-1],
         "checkpoint": run.final_checkpoint,
+        "checkpoint_sha256": weights_digest(run.final_checkpoint),
         "elapsed_s": time.monotonic() - run.status.t_start,
         "counts": {**run.buffer.counts, **run.counts, **s.em.counts, **s.weights.counts},
         "steps": run.published - run.launcher.base_version,
@@ -50,6 +54,20 @@ def ended(run) -> dict:
         **({"pd": pd_metrics(run.telemetry.engine_stats)} if run.cfg.rollout.pd else {}),  # totals at the last step
         **({"placement": run.placement.summary()} if run.placement else {}),
     }
+
+
+def weights_digest(checkpoint: str | None) -> str | None:
+    """sha256 of a checkpoint's weight files (*.safetensors, by name): equal for runs that trained the same weights bit for
+    bit. None without a checkpoint, or when it is not on this machine's disk (an attached cluster's)."""
+    files = sorted(Path(checkpoint).glob("*.safetensors")) if checkpoint else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 async def stopped_with(run, error: Exception) -> dict:

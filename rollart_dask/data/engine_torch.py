@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rollart_dask.algo.seeding import mixed_seed
 from rollart_dask.types import Completion
 from rollart_dask.data.backends import set_torch_threads
 from rollart_dask.data.encoding import ChoiceTrie, choice_trie
@@ -318,6 +319,11 @@ class TorchEngine(EngineBase):
         logp = torch.log_softmax(scaled.masked_fill(~mask, float("-inf")), -1)
         safe = torch.where(mask.any(-1, keepdim=True), logp.exp(), torch.ones_like(logp))
         sampled = torch.multinomial(safe, 1, generator=self.generator).squeeze(-1)
+        for k, i in enumerate(b.rows):  # a seeded request (rollout.deterministic): each token from its own generator
+            if b.seeds[i] is not None and not g[k]:
+                place = len(b.reqs[i].get("prefix_ids") or ()) + len(b.tokens[i])
+                own = torch.Generator().manual_seed(mixed_seed(b.seeds[i], place))
+                sampled[k] = torch.multinomial(safe[k], 1, generator=own)[0]
         b.next_tok = torch.where(g, logp.argmax(-1), sampled)
         for k, i in enumerate(b.rows):
             tok = int(b.next_tok[k])
@@ -374,6 +380,7 @@ class _Batch:
         self.limits = [int(r.get("max_tokens", 16)) for r in reqs]
         self.temps = torch.tensor([float(r.get("temperature", 1.0)) for r in reqs])
         self.greedy = self.temps <= 0
+        self.seeds: list[int | None] = [r.get("seed") for r in reqs]
         self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.logps: list[list[float]] = [[] for _ in range(n)]
         self.allowed_log = [[] if t else None for t in tries]

@@ -70,6 +70,8 @@ async def started(cfg: FlowConfig, out: Path, resume: bool | Path = False, secur
         if run.dashboard_url:
             console.print(f"rollart page: {run.dashboard_url}")
         console.print(f"engine backend: {s.engine_backend} (asked: {cfg.engine.backend})")
+        if cfg.rollout.deterministic:
+            _say_deterministic(cfg)
         if cfg.rollout.pd_route is None:  # (disaggregated, every call is prefilled on one pool and decoded on the other)
             for t in cfg.tasks:
                 where = (
@@ -127,3 +129,16 @@ def run_sync(cfg: FlowConfig, out: Path, resume: bool = False, on_step=None) -> 
         return asyncio.run(main())
     except asyncio.CancelledError:
         raise KeyboardInterrupt("stopped by SIGTERM") from None
+
+
+def _say_deterministic(cfg) -> None:
+    """What rollout.deterministic changes in how the run goes (the flow as written records it too: level, max_batch)."""
+    r, minutes = cfg.rollout, cfg.trainer.max_minutes
+    console.print(
+        f"rollout.deterministic: generation batch by batch (level {r.level}, alpha {r.alpha}), each batch by one version, "
+        "taken in launch order; engine requests forwarded one at a time (engine.max_batch 1), tokens from seeded generators"
+    )
+    if minutes:
+        console.print(
+            f"[yellow]trainer.max_minutes={minutes:g}: the steps replay alike, but the step a time limit stops at depends on speed[/yellow]"
+        )

@@ -13,7 +13,7 @@ import click
 
 from rollart_dask.config import FlowError, load_flow
 from rollart_dask.entry.cli_envs import envs
-from rollart_dask.entry.cli_runs import eval_command, merge, report_command, runs_command
+from rollart_dask.entry.cli_runs import eval_command, merge, replay_diff, report_command, runs_command
 from rollart_dask.entry.cli_services import cluster, rewards
 from rollart_dask.entry.scaffold import init_command
 
@@ -311,6 +311,7 @@ main.add_command(eval_command)
 main.add_command(merge)
 main.add_command(runs_command)
 main.add_command(report_command)
+main.add_command(replay_diff)
 main.add_command(envs)
 main.add_command(init_command)
 main.add_command(rewards)

@@ -1,4 +1,5 @@
-"""`rollart` commands about finished runs: evaluate a checkpoint, fold a LoRA adapter into its base, list runs, report on them."""
+"""`rollart` commands about finished runs: evaluate a checkpoint, fold a LoRA adapter into its base, list runs, report on them,
+check that one replays another."""
 
 from __future__ import annotations
 
@@ -109,6 +110,25 @@ def merge(checkpoint, out, base):
     except (FileNotFoundError, ValueError) as e:
         raise click.ClickException(str(e))
     click.echo(f"merged {checkpoint} into {path}")
+
+
+@click.command("replay-diff")
+@click.argument("run_a", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_b", type=click.Path(exists=True, file_okay=False))
+def replay_diff(run_a, run_b):
+    """What RUN_B trained differently from RUN_A (two runs of one flow and seed with rollout.deterministic): per step the
+    batch's digest and learning figures, each held-out figure, and the final checkpoint's sha256. Exit 1 on any difference."""
+    from rollart_dask.tools.replay import compare
+
+    out = compare(Path(run_a), Path(run_b))
+    click.echo(
+        f"compared {out['steps']} steps, {out['evals']} held-out evaluations; final checkpoints {out['checkpoints'][0]} / {out['checkpoints'][1]}"
+    )
+    for line in out["differences"][:20]:
+        click.echo(f"  {line}")
+    if out["differences"]:
+        raise click.ClickException(f"{len(out['differences'])} differences: {run_b} does not replay {run_a}")
+    click.echo("identical: every step trained the same batch to the same figures, and the final weights are bit-equal")
 
 
 def run_row(run_dir: Path) -> dict:

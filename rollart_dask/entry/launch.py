@@ -13,7 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from rollart_dask.config import FlowConfig, load_flow
+from rollart_dask.config import FlowConfig, FlowError, load_flow
+from rollart_dask.config.schema import not_deterministic_attached
 
 
 class RunHandle:
@@ -203,6 +204,8 @@ def launch(flow, client=None, out: str | Path | None = None, resume: bool = Fals
     else:
         cfg = load_flow(str(flow), over)
     security = None
+    if client is not None and cfg.rollout.deterministic:
+        raise FlowError(not_deterministic_attached(f"a client's cluster ({client.scheduler.address})"))
     if client is not None:  # its scheduler, with its certificates when TLS
         security = client.security if client.scheduler.address.startswith("tls://") else None
         cfg.cluster.security = None

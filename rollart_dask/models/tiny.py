@@ -8,6 +8,9 @@ seed. Both are saved as a Hugging Face directory that transformers (and vLLM) lo
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import threading
 import json
 import string
 from pathlib import Path
@@ -30,8 +33,16 @@ def build_tokenizer():
     return fast
 
 
+_BUILDING = threading.Lock()  # runs launched at once in one process: transformers' lazy imports are not thread-safe
+
+
 def build_tiny_model(out_dir: str | Path, hidden_size=128, layers=2, heads=4, intermediate_size=512, seed=0) -> Path:
     """Build (once; cached by its settings) and return the model directory."""
+    with _BUILDING:
+        return _build_tiny_model(Path(out_dir), hidden_size, layers, heads, intermediate_size, seed)
+
+
+def _build_tiny_model(out_dir: Path, hidden_size, layers, heads, intermediate_size, seed) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -56,10 +67,13 @@ def build_tiny_model(out_dir: str | Path, hidden_size=128, layers=2, heads=4, in
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # another process may be building the same model
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(path)
+    try:
+        tmp.rename(path)
+    except OSError:  # that other process finished first: its copy is the same model
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
