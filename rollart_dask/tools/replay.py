@@ -10,7 +10,7 @@ from rollart_dask.control.stopping import weights_digest
 from rollart_dask.observe import read_rows
 
 STEP_FIELDS = (  # what a step trained and what the update did with it
-    "version", "sha256", "trajectories", "reward_mean", "success", "staleness", "samples", "tokens",
+    "version", "sha256", "trajectories", "reward_mean", "success", "tasks", "staleness", "samples", "tokens",
     "loss", "pg_loss", "entropy", "approx_kl", "clip_frac", "ratio_mean", "grad_norm",
 )  # fmt: skip
 EVAL_FIELDS = ("success", "reward_mean", "completed", "seeds")
@@ -22,7 +22,7 @@ def compare(a: Path, b: Path) -> dict:
     rows = [read_rows(Path(d) / "metrics.jsonl") for d in (a, b)]
     steps = [[r for r in rs if r.get("kind") == "step"] for rs in rows]
     evals = [[r for r in rs if r.get("kind") == "eval"] for rs in rows]
-    diffs = [f"steps: {len(steps[0])} vs {len(steps[1])}"] if len(steps[0]) != len(steps[1]) else []
+    diffs = [f"{what}: {len(x)} vs {len(y)}" for what, (x, y) in (("steps", steps), ("held-out evaluations", evals)) if len(x) != len(y)]
     for x, y in zip(*steps):
         diffs += [f"step {x['step']} {k}: {x.get(k)!r} vs {y.get(k)!r}" for k in STEP_FIELDS if x.get(k) != y.get(k)]
     for x, y in zip(*evals):
