@@ -3,8 +3,9 @@
 One sample per turn (prompt ids, response ids, behaviour log-probs, allowed ids, the policy version of the turn
 and, when it was continued across versions, of each response token; the trajectory's advantage); the stats
 describe the batch as trained: reward, success, the share of groups with any signal (a group whose members all
-scored alike teaches nothing under GRPO), the share of turns continued across versions, and per task; ``sha256``: the
-batch as trained, in order (two runs that train the same samples in the same order print the same one).
+scored alike teaches nothing under GRPO), the share of turns continued across versions, and per task; ``sha256`` (asked
+for: rollout.deterministic): the batch as trained, in order (runs that train the same samples in the same order print the
+same one).
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ class FinishedGroup(Protocol):
     kept: list[Trajectory]
 
 
-def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[float]], list[float]]) -> tuple[list[dict], dict]:
-    """(samples, stats) for a batch of groups, with ``advantage(rewards) -> one value per member``."""
+def build_samples(
+    groups: Sequence[FinishedGroup], advantage: Callable[[list[float]], list[float]], digest: bool = False
+) -> tuple[list[dict], dict]:
+    """(samples, stats) for a batch of groups, with ``advantage(rewards) -> one value per member``; ``digest``: the stats
+    carry ``sha256`` too."""
     samples: list[dict] = []
     rewards: list[float] = []
     success: list[float] = []
@@ -62,7 +66,6 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
         "mixed_version_turns": mixed / len(samples),
         "groups_with_signal": varied / len(groups),
         "turns_per_traj": len(samples) / len(rewards),
-        "sha256": batch_digest(samples),
         "tasks": {
             name: {
                 "groups": pt["groups"],
@@ -74,6 +77,8 @@ def build_samples(groups: Sequence[FinishedGroup], advantage: Callable[[list[flo
             for name, pt in per_task.items()
         },
     }
+    if digest:
+        stats["sha256"] = batch_digest(samples)
     return samples, stats
 
 
@@ -83,7 +88,9 @@ def batch_digest(samples: Sequence[dict]) -> str:
     h = hashlib.sha256()
     for s in samples:
         h.update(
-            json.dumps([s["prompt_ids"], s["response_ids"], s["logprobs"], s["version"], s["token_versions"], s["advantage"]]).encode()
+            json.dumps(
+                [list(s["prompt_ids"]), list(s["response_ids"]), s["logprobs"], s["version"], s["token_versions"], s["advantage"]]
+            ).encode()
         )
     return h.hexdigest()[:16]
 

@@ -239,7 +239,8 @@ class Run:
         with phases.phase(self._step_span, "train"):
             self.trained_ids += [t.id for g in groups for t in g.kept]
             self.counts["trained_without_reward"] += sum("reward" not in t.info for g in groups for t in g.kept)  # (never: scored only)
-            samples, rec.batch = build_samples(groups, advantage_fn(self.cfg.trainer.advantage, self.cfg.trainer.adv_scale))
+            advantage = advantage_fn(self.cfg.trainer.advantage, self.cfg.trainer.adv_scale)
+            samples, rec.batch = build_samples(groups, advantage, digest=self.cfg.rollout.deterministic)  # (sha256: replayed?)
             self.metrics.samples(self.published, [g.kept[0] for g in groups[: self.cfg.observe.samples] if g.kept])
             stale = Counter(self.buffer.staleness(self.published, groups))  # trainer version at Train − start version
             rec.batch["staleness"] = {str(k): v for k, v in sorted(stale.items())}
@@ -298,9 +299,8 @@ class Run:
                 out = {}
             else:
                 chosen = {t.name: (t, seeds_of(t)) for t in tasks or self.cfg.tasks}
-                seeded = self.cfg.seed if self.cfg.rollout.deterministic else None
-                args = (f"{self.run_id}-v{version}", version, temperature, self.cfg.eval.retries, seeded)
-                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, *args)
+                seeded = self.cfg.seed if self.cfg.rollout.deterministic else None  # its sampled episodes replay
+                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, f"{self.run_id}-v{version}", version, temperature, self.cfg.eval.retries, seeded)  # fmt: skip
         row = {
             "kind": "eval",
             "step": version,
