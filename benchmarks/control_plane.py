@@ -8,6 +8,8 @@ went over the measured steps: the client's process, the scheduler's (its own pro
 embedded cluster) and the worker processes.
 
     python benchmarks/control_plane.py                      # 256, 1024, 4096 in flight
+    python benchmarks/control_plane.py --inflight 64 --inflight 256 --inflight 1024 --inflight 4096 --inflight 16384 --steps 8
+                                                            # the CPU-per-turn sweep and its figure (cpu_per_turn.png)
     python benchmarks/control_plane.py --inflight 256 --steps 3
     python benchmarks/control_plane.py --compare            # and the bare transport beside it, alternating
     python benchmarks/control_plane.py --service-bound      # 128 in flight, 50 ms / 10 ms services: added latency per call
@@ -246,9 +248,40 @@ async def compare(sizes: tuple[int, ...], steps: int, rounds: int, out: Path, ov
     return rows
 
 
+PARTS = ("client", "scheduler", "workers")
+
+
+def _cpu_ms(r: dict) -> dict:
+    """CPU milliseconds per turn by process, and all of them together."""
+    per = {k: 1e3 * r["cpu_s"][k] / max(r["turns"], 1) for k in PARTS}
+    return {**per, "all": sum(per.values())}
+
+
 def _cpu_ms_per_turn(r: dict) -> str:
-    c, turns = r["cpu_s"], max(r["turns"], 1)
-    return " / ".join(f"{1e3 * c[k] / turns:.2f}" for k in ("client", "scheduler", "workers"))
+    return " / ".join(f"{_cpu_ms(r)[k]:.2f}" for k in PARTS)
+
+
+def plot_cpu_per_turn(results: list[dict], path: Path) -> None:
+    """CPU ms per turn against trajectories in flight, by process and in all (the sweep's figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r["inflight"] for r in results]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for part in (*PARTS, "all"):
+        ax.plot(xs, [_cpu_ms(r)[part] for r in results], marker="o", label=part, linewidth=2.5 if part == "all" else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x:,}" for x in xs])
+    ax.set_xlabel("trajectories in flight")
+    ax.set_ylabel("CPU ms per turn")
+    ax.set_ylim(bottom=0)
+    ax.set_title("control plane: CPU per turn (null engine, null env; 2 cores)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 @click.command()
@@ -337,6 +370,8 @@ def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
         "generate p50 (ms)",
         "env.step p50 (ms)",
         "CPU ms per turn: client / scheduler / workers",
+        "CPU ms per turn, all",
+        f"÷ at {results[0]['inflight']}",
         "batches per turn",
         "scheduler messages sent per turn",
         "wall s",
@@ -349,12 +384,17 @@ def main(inflight, steps, out, compare_, rounds, service_bound, overrides):
             f"{r['generate_p50_ms']:.1f}",
             f"{r['env_step_p50_ms']:.1f}",
             _cpu_ms_per_turn(r),
+            f"{_cpu_ms(r)['all']:.2f}",
+            f"{_cpu_ms(r)['all'] / _cpu_ms(results[0])['all']:.2f}",
             f"{r['batches_per_turn']:.3f}",
             f"{r['scheduler_msgs_per_turn']:.3f}",
             f"{r['wall_s']:.1f}",
         )
     console.print(table)
     (out / "results.json").write_text(json.dumps(results, indent=2))
+    if len(results) > 1:
+        plot_cpu_per_turn(results, out / "cpu_per_turn.png")
+        console.print(f"figure: {out / 'cpu_per_turn.png'}")
 
 
 if __name__ == "__main__":
