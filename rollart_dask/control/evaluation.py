@@ -10,18 +10,19 @@ from collections import Counter
 
 from rollart_dask.algo.seeding import EVAL, mixed_seed
 from rollart_dask.algo.heldout import incomplete_note, is_complete, reason, summarise
+from rollart_dask.config import FlowConfig
 from rollart_dask.observe import console
 from rollart_dask.types import Trajectory
 
 
-async def play_all(
-    em, chosen: dict, tag: str, version: int, temperature: float, retries: int, seed: int | None = None
-) -> tuple[dict, dict]:
+async def play_all(em, chosen: dict, tag: str, version: int, temperature: float, cfg: FlowConfig) -> tuple[dict, dict]:
     """Every task of ``chosen`` (name → (task, seeds)) played at once (a slow task, sandboxed code, does not serialise behind
-    the others): figures and outcomes by task. A task whose figures are incomplete (failed calls) is said. ``seed``: the
-    run's seed when it is deterministic (sampled episodes then draw from seeds of the version, the task and the env seed)."""
-    base = lambda name: None if seed is None else mixed_seed(seed, EVAL, version, *name.encode())  # noqa: E731
-    played = await asyncio.gather(*(play(em, t, seeds, tag, temperature, retries, base(t.name)) for t, seeds in chosen.values()))
+    the others): figures and outcomes by task. A task whose figures are incomplete (failed calls) is said. Failed seeds are
+    played again up to ``eval.retries`` rounds; with ``rollout.deterministic`` sampled episodes draw from seeds of the run's
+    seed, the version, the task and the env seed."""
+    seeded = cfg.rollout.deterministic
+    base = lambda name: mixed_seed(cfg.seed, EVAL, version, *name.encode()) if seeded else None  # noqa: E731
+    played = await asyncio.gather(*(play(em, t, seeds, tag, temperature, cfg.eval.retries, base(t.name)) for t, seeds in chosen.values()))
     out = {name: figures for name, (figures, _) in zip(chosen, played)}
     for name, fig in out.items():  # (markup off: a failure's message may hold brackets)
         if not is_complete(fig):

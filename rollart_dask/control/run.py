@@ -299,8 +299,8 @@ class Run:
                 out = {}
             else:
                 chosen = {t.name: (t, seeds_of(t)) for t in tasks or self.cfg.tasks}
-                seeded = self.cfg.seed if self.cfg.rollout.deterministic else None  # its sampled episodes replay
-                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, f"{self.run_id}-v{version}", version, temperature, self.cfg.eval.retries, seeded)  # fmt: skip
+                tag = f"{self.run_id}-v{version}"
+                out, self.outcomes = await evaluation.play_all(self.services.em, chosen, tag, version, temperature, self.cfg)
         row = {
             "kind": "eval",
             "step": version,
