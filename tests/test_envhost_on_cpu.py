@@ -84,3 +84,36 @@ def test_a_reset_after_the_close_is_refused_and_leaks_nothing(host):
     with pytest.raises(Superseded, match="closed"):
         reset(host, "gone", 0)
     assert all(e.closed for e in GateEnv.instances) and "gone" not in host.envs
+
+
+def test_cluster_env_threads_bounds_the_calls_a_cpu_worker_runs_at_once():
+    """cluster.env_threads reaches the CPU worker's env host (the plugin's build): with 3 threads, 8 waiting calls run
+    3 at a time, never more; a flow asking for none is refused, naming the field."""
+    import time
+
+    from rollart_dask.config import FlowError, load_flow
+    from rollart_dask.data.plugins import EnvHostPlugin
+
+    cfg = load_flow("flows/quickstart.yaml", ["cluster.env_threads=3"])
+    host = EnvHostPlugin(["CPU"], threads=cfg.cluster.env_threads).build()
+    lock, running, most, gate = threading.Lock(), [0], [0], threading.Event()
+
+    def call():
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        assert gate.wait(30)
+        with lock:
+            running[0] -= 1
+
+    calls = [host.pool.submit(call) for _ in range(8)]
+    t0 = time.monotonic()
+    while running[0] < 3 and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    time.sleep(0.5)  # room for a fourth to start, were there a thread for it
+    assert most[0] == 3
+    gate.set()
+    for f in calls:
+        f.result(30)
+    with pytest.raises(FlowError, match="env_threads"):
+        load_flow("flows/quickstart.yaml", ["cluster.env_threads=0"])

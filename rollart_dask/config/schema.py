@@ -60,6 +60,12 @@ SCHEDULER_SCHEMES = ("tcp", "tls")
 class ClusterConfig(Strict):
     scheduler: str | None = Field(None, description="tcp://host:port or tls://host:port of an existing scheduler; None = embedded cluster")
     workers: list[WorkerSpec] = Field(default_factory=_default_workers, description="embedded cluster workers")
+    env_threads: int = Field(
+        512,
+        ge=1,
+        description="env calls each CPU worker runs at once (its env host's threads): envs mostly wait on containers, "
+        "networks and sandboxes, so a waiting call costs a thread, not CPU; raise it when a worker holds more envs",
+    )
     listen: str = Field(
         "127.0.0.1",
         description="interface the embedded scheduler, workers and nannies listen on: loopback only by default; "

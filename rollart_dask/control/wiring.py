@@ -79,7 +79,7 @@ async def wire(
     engines = {p: poolmap.engine_workers(p) for p in pools}
     for name, plugin in plugins.user_code(cfg.imports):  # first: the services below may name what they declare
         await client.register_plugin(plugin, name=name)
-    await client.register_plugin(plugins.EnvHostPlugin(["CPU"]), name=plugins.ENVHOST)
+    await client.register_plugin(plugins.EnvHostPlugin(["CPU"], threads=cfg.cluster.env_threads), name=plugins.ENVHOST)
     rewards = RewardPlane(cfg, out, start_endpoint)
     reward_spec = await rewards.start()
     await client.register_plugin(plugins.RewardPlugin([rewards.pool], **reward_spec), name=plugins.REWARD)

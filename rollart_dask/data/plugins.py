@@ -124,7 +124,7 @@ class EnvHostPlugin(ServicePlugin):
     def build(self):
         from rollart_dask.data.envhost import EnvHost
 
-        return EnvHost()
+        return EnvHost(**self.spec)  # (threads: cluster.env_threads)
 
 
 class RewardPlugin(ServicePlugin):
