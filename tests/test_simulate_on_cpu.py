@@ -2,12 +2,13 @@
 policy's step on cases whose answer is known — a deterministic synchronous step, a train-bound step, the staleness
 bound's bias against a slow task, and a policy that can never make a step."""
 
+import numpy as np
 import pytest
 
 from rollart_dask.config import load_flow
 from rollart_dask.tools.ablation.measure import engine_workers, ideal_of, reward_slots
 from rollart_dask.emulation.hardware import GPUS, MODELS, train_step_seconds, weight_load_seconds, weight_transfer_seconds
-from rollart_dask.emulation.sharing import water_fill
+from rollart_dask.emulation.sharing import fill_level, water_fill
 from rollart_dask.emulation.simulate import simulate
 
 
@@ -48,6 +49,9 @@ def run(cfg, **kw):
 def test_processor_sharing_gives_what_the_capped_leave_to_the_rest():
     assert water_fill(2.0, {"a": 0.5, "b": 5.0, "c": 5.0}) == {"a": 0.5, "b": 0.75, "c": 0.75}
     assert water_fill(2.0, {"a": 0.5, "b": 0.25}) == {"b": 0.25, "a": 0.5}  # all below their share: each at its top
+    # a pool's free slots (top rate 0) take no share; a turn without latency (top rate inf) takes what is left
+    assert fill_level(2.0, np.array([0.0, 0.0, 0.5, 5.0, 5.0])) == 0.75
+    assert water_fill(2.0, {"a": 0.5, "b": float("inf")}) == {"a": 0.5, "b": 1.5}
 
 
 def test_a_deterministic_synchronous_step_is_its_parts_in_sequence():

@@ -143,6 +143,8 @@ class SampleBuffer:
         floor = policy_version - self.max_lag
         orders = Orders()
         for g in list(self.groups.values()):
+            if min(g.versions.values(), default=floor) >= floor:  # (the common case, without a look at each member)
+                continue
             stale = [t for t, v in g.versions.items() if v < floor and g.members.get(t) in (RUNNING, KEPT)]
             if not stale:
                 continue
