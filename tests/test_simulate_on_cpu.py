@@ -121,6 +121,24 @@ def test_eager_staleness_trains_less_of_the_slow_task_than_it_launches():
     assert eager[1] < safe[1]  # the speed bought with that bias
 
 
+def test_the_simulated_mix_counts_the_steps_a_measurement_counts():
+    """Compared with a run's trained mix (tools/ablation/measure.py: the steps after warm-up + 1), the simulated one counts
+    the same steps (the warm-up steps' mix differs: the first batches hold what finished first)."""
+    import yaml
+
+    data = yaml.safe_load(open("flows/ablations/workloads/multitask.yaml").read())
+    cfg = load_flow(data=data, overrides=["rollout.mode=rollart", "rollout.alpha=1", "rollout.admission=eager", "trainer.steps=6"])
+    r = run(cfg, warmup=2, seed=0)
+
+    def shares(steps):
+        n = {t: sum(s.get(t, 0) for s in steps) for t in ("frozenlake", "math", "swe")}
+        return {t: v / sum(n.values()) for t, v in n.items() if v}
+
+    assert len(r.trained_by_step) == 6
+    assert r.trained_mix == pytest.approx(shares(r.trained_by_step[3:]))
+    assert r.trained_mix != pytest.approx(shares(r.trained_by_step))  # (the case tells the two apart)
+
+
 def test_a_policy_that_can_never_train_is_an_error_not_a_hang():
     cfg = flow([task("t", reset_fail=1.0)], rollout={"mode": "rollart", "alpha": 1, "max_relaunch": 1})
     with pytest.raises(RuntimeError, match="made no step"):

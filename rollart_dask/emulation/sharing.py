@@ -79,7 +79,8 @@ class SharedPool:
         if moving.any():
             ends = np.full(len(self.rate), np.inf)
             ends[moving] = np.maximum(self.left[moving], 0.0) / self.rate[moving]
-            i = int(np.argmin(ends))
+            first = np.flatnonzero(ends == ends.min())  # several end at once (done, or nothing left): by name, as before
+            i = int(first[0]) if len(first) == 1 else min(first, key=self.names.__getitem__)
             self.sim.at(self.sim.now + float(ends[i]), self._done, self.token, self.names[i])
 
     def _done(self, token: int, tid: str) -> None:
@@ -95,8 +96,10 @@ def fill_level(capacity: float, tops: np.ndarray) -> float:
     """The share each uncapped turn gets when ``capacity`` is shared equally and none runs above its top rate (what
     the capped leave goes to the rest): the rates are ``min(top, level)``; inf when every turn runs at its top."""
     s = np.sort(tops)
-    before = np.concatenate(([0.0], np.cumsum(s)[:-1]))  # what the turns below each take at their tops
-    share = (capacity - before) / np.arange(len(s), 0, -1)
+    # what is left before each turn once those below it run at their tops: subtracted one by one, in order (as a
+    # loop would: the same rounding, so the simulation's events come in the same order)
+    left = np.subtract.accumulate(np.concatenate(([capacity], s)))[:-1]
+    share = left / np.arange(len(s), 0, -1)
     over = np.flatnonzero(s > share)
     return float(share[over[0]]) if len(over) else float("inf")
 

@@ -54,12 +54,13 @@ class SimResult:
     step_s: float  # mean emulated seconds between Train completions after the warm-up steps
     throughput: float  # trained trajectories per emulated second
     rollout_s: float | None  # mean launch → reward of the trajectories that finished
-    trained_mix: dict[str, float]
+    trained_mix: dict[str, float]  # share of the groups trained per task in the measured steps (after warm-up + 1)
     counts: dict = field(default_factory=dict)  # the buffer's counts (aborted_stale, evicted_stale, groups_dropped, …)
     held_mix: dict[str, float] = field(default_factory=dict)  # time-averaged share of the open groups per task
     mix_shift_pp: float = 0.0  # the largest gap between a task's launched and trained shares, as the last batch was taken
     length_shift_pp: float = 0.0  # within tasks, the largest gap of trained shares over the launched lengths' quartiles
     train_done_at: list[float] = field(default_factory=list)
+    trained_by_step: list[dict[str, int]] = field(default_factory=list)  # groups trained per task, step by step
 
 
 class Simulation:
@@ -91,7 +92,7 @@ class Simulation:
         self.reward_free: list[float] = [0.0] * (reward_slots or 0)
         self.engine_version = self.published = 0
         self.training = False
-        self.trained_groups: Counter = Counter()
+        self.trained_groups: list[Counter] = []  # per step, groups trained per task
         self.train_done_at: list[float] = []
         self.wave: list[str] = []
         self.version_of: dict[str, int] = {}  # trajectory → engine version at its first generate
@@ -309,8 +310,8 @@ class Simulation:
                 yield
             self.at(self.now, self.admit)
             yield from self._install()
+            self.trained_groups.append(Counter(g.task for g in groups))
             for g in groups:
-                self.trained_groups[g.task] += 1
                 self.trained_length.setdefault(g.task, []).extend(self.length_of[t.id] for t in g.kept)
             tokens = sum(self.loads[g.task].workload.sample_tokens for g in groups for _ in g.kept)
             e = self.cfg.emulation
@@ -359,17 +360,20 @@ class Simulation:
             raise RuntimeError(f"the simulation trained {len(self.train_done_at)} steps: need warm-up ({warmup}) + 2")
         step_s = float(gaps.mean())
         n = self.r.batch_groups * self.r.group_size
-        total, held = sum(self.trained_groups.values()) or 1, sum(self.held.values()) or 1
+        # the steps a measurement's mix counts (tools/ablation/measure.py: those whose Train ends a measured gap)
+        trained = sum(self.trained_groups[warmup + 1 :], Counter())
+        total, held = sum(trained.values()) or 1, sum(self.held.values()) or 1
         return SimResult(
             step_s,
             n / step_s,
             float(np.mean(self.rollout_s)) if self.rollout_s else None,
-            {k: v / total for k, v in sorted(self.trained_groups.items())},
+            {k: v / total for k, v in sorted(trained.items())},
             dict(self.buffer.counts),
             {k: v / held for k, v in sorted(self.held.items())},
             self.buffer.mix_at_take["shift_pp"],
             self._length_shift(),
             list(self.train_done_at),
+            [dict(c) for c in self.trained_groups],
         )
 
     def _length_shift(self) -> float:
