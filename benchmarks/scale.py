@@ -42,7 +42,6 @@ from rollart_dask.tools.ablation.measure import ideal_of, simulated_of, summaris
 from control_plane import timed_run  # (benchmarks/ is the script's own folder)
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "flows" / "ablations" / "workloads" / "multitask.yaml"
-ENV_THREADS = 512  # per CPU worker (EnvHost's pool)
 
 # GPUs per pool, spread over ``engine_workers`` engine workers per pool (each stands for its share of the pool's
 # instances: one driver thread per instance, so the largest shape splits its 2,560 over eight processes), and the env
@@ -62,7 +61,7 @@ SWEEP = (("production", 4), ("production", 16), ("production", 64), ("production
 def shape_flow(shape: str, steps: int, time_scale: float, extra: list[str], batch_groups: int | None = None):
     s = SHAPES[shape]
     groups = batch_groups or s["batch_groups"]
-    per_pool, env_threads = s.get("engine_workers", 1), s.get("env_threads", ENV_THREADS)
+    per_pool = s.get("engine_workers", 1)
     data = yaml.safe_load(WORKLOAD.read_text())
     # the workload's call timeouts are wall seconds at its own time scale: the same emulated bounds at this one (a
     # swe reset's 600 s tail must not time out because the wall clock was stretched)
@@ -77,7 +76,7 @@ def shape_flow(shape: str, steps: int, time_scale: float, extra: list[str], batc
             f"rollout.batch_groups={groups}",
             f"emulation.pools.H800.gpus={s['H800'] // per_pool}",  # (GPUs per engine worker)
             f"emulation.pools.H20.gpus={s['H20'] // per_pool}",
-            f"cluster.env_threads={env_threads}",
+            *([f"cluster.env_threads={s['env_threads']}"] if "env_threads" in s else []),  # (else the default, 512)
             f"emulation.trainer.gpus={s['train']}",
             f"emulation.time_scale={time_scale}",
             f"trainer.steps={steps}",
@@ -87,11 +86,13 @@ def shape_flow(shape: str, steps: int, time_scale: float, extra: list[str], batc
         ],
     )
     in_flight = 2 * cfg.rollout.batch_groups * cfg.rollout.group_size  # eager α = 1: two batches beyond those trained
-    copies = [
-        w.model_copy(update={"name": w.name.replace("-0", f"-{i}")})
-        for w in cfg.cluster.workers
-        for i in range(1, -(-in_flight // env_threads) if w.pools == ["CPU"] else per_pool if w.pools in (["H800"], ["H20"]) else 1)
-    ]
+
+    def needed(w) -> int:  # workers like w the shape needs: env hosts for every trajectory in flight, engines per pool
+        if w.pools == ["CPU"]:
+            return -(-in_flight // cfg.cluster.env_threads)
+        return per_pool if w.pools in (["H800"], ["H20"]) else 1
+
+    copies = [w.model_copy(update={"name": w.name.replace("-0", f"-{i}")}) for w in cfg.cluster.workers for i in range(1, needed(w))]
     cfg.cluster.workers = [*cfg.cluster.workers, *copies]
     return cfg
 
